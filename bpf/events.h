@@ -1,0 +1,116 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The kernel <-> user-space event ABI of svctrace: the one definition of what
+ * the BPF programs write into the ring buffer and of the maps user space fills.
+ *
+ * Included by the BPF programs in bpf/ (after vmlinux.h) and by native/ (after
+ * <linux/types.h>). It includes nothing itself. Only fixed-width types and
+ * explicit padding: the TypeScript decoder reads these bytes by offset, and a
+ * test checks its offsets against the ones the addon exports (native/layout.cc).
+ *
+ * Byte order: addresses and ports are kept in network byte order, exactly as
+ * the kernel holds them; everything else is host order.
+ */
+#ifndef SVCTRACE_EVENTS_H
+#define SVCTRACE_EVENTS_H
+
+#ifdef __cplusplus
+#define SVT_STATIC_ASSERT static_assert
+#else
+#define SVT_STATIC_ASSERT _Static_assert
+#endif
+
+/* Capacity of the service selection map (ClusterIP/NodePort entries). */
+#define SVT_MAX_SERVICES 1024
+/* Tracked flows (conntrack entries and their wire tuples) kept at once; LRU. */
+#define SVT_MAX_FLOWS 65536
+/* Ring buffer size in bytes (power of two, multiple of the page size). */
+#define SVT_RINGBUF_BYTES (8 * 1024 * 1024)
+
+/* What produced an event. */
+enum svt_event_kind {
+	SVT_EV_NF = 1,       /* a netfilter hook saw a packet of a tracked flow */
+	SVT_EV_DEV_XMIT = 2, /* net_dev_queue: a device is about to transmit it */
+	SVT_EV_DEV_RECV = 3, /* netif_receive_skb: a device received it */
+	SVT_EV_DROP = 4,     /* kfree_skb with a drop reason */
+	SVT_EV_FIB = 5,      /* fib_table_lookup: the routing decision */
+};
+
+/*
+ * Netfilter priorities of kernel NAT (NF_IP_PRI_NAT_DST / NF_IP_PRI_NAT_SRC).
+ * The "before" program is attached at NAT - 1, the "after" one at NAT + 1:
+ * DNAT on PRE_ROUTING and LOCAL_OUT, SNAT on POST_ROUTING and LOCAL_IN.
+ */
+#define SVT_NF_PRIO_DNAT (-100)
+#define SVT_NF_PRIO_SNAT 100
+
+/* Which side of a NAT hook the netfilter program ran on. */
+enum svt_nf_stage {
+	SVT_STAGE_BEFORE_NAT = 0,
+	SVT_STAGE_AFTER_NAT = 1,
+};
+
+/* A packet or conntrack tuple; addresses and ports in network byte order. */
+struct svt_tuple {
+	__u32 saddr;
+	__u32 daddr;
+	__u16 sport;
+	__u16 dport;
+	__u8 proto;
+	__u8 _pad[3];
+};
+SVT_STATIC_ASSERT(sizeof(struct svt_tuple) == 16, "svt_tuple ABI changed");
+
+/*
+ * One observation of a packet belonging to a tracked flow. All kinds share
+ * this record; fields a kind does not fill stay zero.
+ */
+struct svt_event {
+	__u16 kind;              /* enum svt_event_kind */
+	__u16 size;              /* sizeof(struct svt_event), checked by the reader */
+	__u32 cpu;
+	__u64 ts_ns;             /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
+	__u64 ct_id;             /* kernel address of the nf_conn: flow key, 0 if none */
+	__u64 skb_id;            /* kernel address of the sk_buff: packet key */
+	struct svt_tuple pkt;    /* the IP/L4 header as seen at this point */
+	struct svt_tuple ct_orig;  /* conntrack original-direction tuple */
+	struct svt_tuple ct_reply; /* conntrack reply-direction tuple (NAT shows here) */
+	__u32 ct_status;         /* enum ip_conntrack_status bits */
+	__u32 ct_mark;
+	__u32 ct_timeout_ms;     /* time left before the entry expires */
+	__u32 netns_ino;         /* inode of the network namespace it was seen in */
+	__u32 ifindex;           /* in-device for PRE_ROUTING/LOCAL_IN, else out-device */
+	__s32 nf_priority;       /* netfilter: the priority the program ran at */
+	__u32 reason;            /* drop: enum skb_drop_reason; fib: gateway (network order) */
+	__u32 pkt_len;           /* skb->len */
+	__u16 ct_zone;
+	__u8 nf_hook;            /* enum nf_inet_hooks (NF_INET_PRE_ROUTING = 0 ...) */
+	__u8 ctinfo;             /* enum ip_conntrack_info */
+	__u8 tcp_flags;          /* FIN=0x01 SYN=0x02 RST=0x04 PSH=0x08 ACK=0x10 */
+	__u8 ct_tcp_state;       /* enum tcp_conntrack */
+	__u8 nf_stage;           /* enum svt_nf_stage */
+	__u8 _pad0;
+	__u32 service_id;        /* value of the matching svt_services entry */
+	__u32 _pad1;
+	char ifname[16];         /* name of ifindex, read in the kernel */
+};
+SVT_STATIC_ASSERT(sizeof(struct svt_event) == 144, "svt_event ABI changed");
+
+/* Key of the svt_services map: a traced ClusterIP/NodePort. */
+struct svt_service_key {
+	__u32 addr;  /* network byte order; 0 = any address (NodePort) */
+	__u16 port;  /* network byte order */
+	__u8 proto;  /* IPPROTO_TCP / IPPROTO_UDP */
+	__u8 _pad;
+};
+SVT_STATIC_ASSERT(sizeof(struct svt_service_key) == 8, "svt_service_key ABI changed");
+
+/* Indices of the per-CPU svt_counters array. */
+enum svt_counter {
+	SVT_CNT_RINGBUF_LOST = 0, /* events lost because the ring buffer was full */
+	SVT_CNT_EVENTS = 1,       /* events written */
+	SVT_CNT_FLOWS = 2,        /* tracked flows started */
+	SVT_CNT_MAX = 4,
+};
+
+#endif /* SVCTRACE_EVENTS_H */

@@ -1,0 +1,98 @@
+#include "errors.h"
+
+#include <bpf/libbpf.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <deque>
+#include <mutex>
+
+namespace svt {
+
+namespace {
+
+std::mutex g_log_mutex;
+std::deque<std::string> g_log;  // most recent libbpf lines, bounded
+constexpr size_t kMaxLogLines = 400;
+bool g_verbose = false;
+
+int LibbpfPrint(enum libbpf_print_level level, const char* fmt, va_list args) {
+  char line[1024];
+  va_list copy;
+  va_copy(copy, args);
+  int n = vsnprintf(line, sizeof(line), fmt, copy);
+  va_end(copy);
+  if (n < 0) return 0;
+  if (g_verbose) fputs(line, stderr);
+  if (level == LIBBPF_DEBUG && !g_verbose) return n;
+  std::lock_guard<std::mutex> lock(g_log_mutex);
+  g_log.emplace_back(line);
+  while (g_log.size() > kMaxLogLines) g_log.pop_front();
+  return n;
+}
+
+}  // namespace
+
+std::string ErrnoName(int err) {
+  if (err < 0) err = -err;
+  const char* name = strerrorname_np(err);
+  if (name) return name;
+  return "E" + std::to_string(err);
+}
+
+std::string DescribeFailure(const std::string& op, int err, const std::string& detail) {
+  if (err < 0) err = -err;
+  std::string what = detail.empty() ? op : op + " (" + detail + ")";
+  std::string sentence = what + " failed: " + strerror(err);
+  if ((err == EPERM || err == EACCES) && geteuid() == 0) {
+    sentence = "refused by the kernel although running as root (" + what + ": " + strerror(err) +
+               "): the feature is disabled or locked down on this kernel";
+  } else if (err == EPERM || err == EACCES) {
+    sentence = "not permitted: run as root or with CAP_BPF+CAP_NET_ADMIN+CAP_PERFMON (" + what +
+               ": " + strerror(err) + ")";
+  } else if (op == "bpf_program__attach_netfilter" && (err == EINVAL || err == EOPNOTSUPP)) {
+    sentence = "netfilter BPF links need Linux >= 6.4 with CONFIG_NETFILTER_BPF_LINK=y (" + what +
+               ": " + strerror(err) + ")";
+  } else if (op == "open netns" && err == ENOENT) {
+    sentence = "network namespace not found: " + detail;
+  } else if (op == "bpf_object__load" && err == E2BIG) {
+    sentence = "the kernel rejected svctrace's BPF programs as too large (" + what + ")";
+  }
+  return sentence;
+}
+
+void ThrowErrno(Napi::Env env, const std::string& op, int err, const std::string& detail) {
+  if (err < 0) err = -err;
+  if (err == 0) err = EINVAL;
+  Napi::Error e = Napi::Error::New(env, DescribeFailure(op, err, detail));
+  e.Set("code", ErrnoName(err));
+  e.Set("errno", Napi::Number::New(env, err));
+  e.Set("op", op);
+  if (op == "bpf_object__load") e.Set("log", LibbpfLogTail(60));
+  throw e;
+}
+
+void InstallLibbpfLogger() {
+  const char* v = getenv("SVCTRACE_VERBOSE");
+  g_verbose = v && *v && strcmp(v, "0") != 0;
+  libbpf_set_print(LibbpfPrint);
+}
+
+std::string LibbpfLogTail(size_t max_lines) {
+  std::lock_guard<std::mutex> lock(g_log_mutex);
+  std::string out;
+  size_t start = g_log.size() > max_lines ? g_log.size() - max_lines : 0;
+  for (size_t i = start; i < g_log.size(); i++) out += g_log[i];
+  return out;
+}
+
+void ClearLibbpfLog() {
+  std::lock_guard<std::mutex> lock(g_log_mutex);
+  g_log.clear();
+}
+
+}  // namespace svt

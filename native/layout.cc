@@ -1,0 +1,87 @@
+#include "layout.h"
+
+#include <linux/types.h>
+#include <stddef.h>
+
+#include "events.h"
+
+namespace svt {
+
+namespace {
+
+#define SVT_FIELD(obj, type, field)                                             \
+  do {                                                                          \
+    Napi::Array f = Napi::Array::New(env, 2);                                   \
+    f.Set(0u, Napi::Number::New(env, offsetof(type, field)));                   \
+    f.Set(1u, Napi::Number::New(env, sizeof(((type*)nullptr)->field)));        \
+    obj.Set(#field, f);                                                         \
+  } while (0)
+
+Napi::Object StructLayout(Napi::Env env, size_t size, Napi::Object fields) {
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("size", Napi::Number::New(env, size));
+  o.Set("fields", fields);
+  return o;
+}
+
+}  // namespace
+
+Napi::Value Layout(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Object out = Napi::Object::New(env);
+
+  Napi::Object tuple = Napi::Object::New(env);
+  SVT_FIELD(tuple, svt_tuple, saddr);
+  SVT_FIELD(tuple, svt_tuple, daddr);
+  SVT_FIELD(tuple, svt_tuple, sport);
+  SVT_FIELD(tuple, svt_tuple, dport);
+  SVT_FIELD(tuple, svt_tuple, proto);
+  out.Set("svt_tuple", StructLayout(env, sizeof(svt_tuple), tuple));
+
+  Napi::Object ev = Napi::Object::New(env);
+  SVT_FIELD(ev, svt_event, kind);
+  SVT_FIELD(ev, svt_event, size);
+  SVT_FIELD(ev, svt_event, cpu);
+  SVT_FIELD(ev, svt_event, ts_ns);
+  SVT_FIELD(ev, svt_event, ct_id);
+  SVT_FIELD(ev, svt_event, skb_id);
+  SVT_FIELD(ev, svt_event, pkt);
+  SVT_FIELD(ev, svt_event, ct_orig);
+  SVT_FIELD(ev, svt_event, ct_reply);
+  SVT_FIELD(ev, svt_event, ct_status);
+  SVT_FIELD(ev, svt_event, ct_mark);
+  SVT_FIELD(ev, svt_event, ct_timeout_ms);
+  SVT_FIELD(ev, svt_event, netns_ino);
+  SVT_FIELD(ev, svt_event, ifindex);
+  SVT_FIELD(ev, svt_event, nf_priority);
+  SVT_FIELD(ev, svt_event, reason);
+  SVT_FIELD(ev, svt_event, pkt_len);
+  SVT_FIELD(ev, svt_event, ct_zone);
+  SVT_FIELD(ev, svt_event, nf_hook);
+  SVT_FIELD(ev, svt_event, ctinfo);
+  SVT_FIELD(ev, svt_event, tcp_flags);
+  SVT_FIELD(ev, svt_event, ct_tcp_state);
+  SVT_FIELD(ev, svt_event, nf_stage);
+  SVT_FIELD(ev, svt_event, service_id);
+  SVT_FIELD(ev, svt_event, ifname);
+  out.Set("svt_event", StructLayout(env, sizeof(svt_event), ev));
+
+  Napi::Object kinds = Napi::Object::New(env);
+  kinds.Set("NF", Napi::Number::New(env, SVT_EV_NF));
+  kinds.Set("DEV_XMIT", Napi::Number::New(env, SVT_EV_DEV_XMIT));
+  kinds.Set("DEV_RECV", Napi::Number::New(env, SVT_EV_DEV_RECV));
+  kinds.Set("DROP", Napi::Number::New(env, SVT_EV_DROP));
+  kinds.Set("FIB", Napi::Number::New(env, SVT_EV_FIB));
+  out.Set("kinds", kinds);
+
+  Napi::Object consts = Napi::Object::New(env);
+  consts.Set("NF_PRIO_DNAT", Napi::Number::New(env, SVT_NF_PRIO_DNAT));
+  consts.Set("NF_PRIO_SNAT", Napi::Number::New(env, SVT_NF_PRIO_SNAT));
+  consts.Set("MAX_SERVICES", Napi::Number::New(env, SVT_MAX_SERVICES));
+  consts.Set("STAGE_BEFORE_NAT", Napi::Number::New(env, SVT_STAGE_BEFORE_NAT));
+  consts.Set("STAGE_AFTER_NAT", Napi::Number::New(env, SVT_STAGE_AFTER_NAT));
+  out.Set("consts", consts);
+  return out;
+}
+
+}  // namespace svt

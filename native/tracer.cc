@@ -1,0 +1,226 @@
+#include "tracer.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>  // before the linux/ headers: libc-compat then skips duplicates
+#include <linux/types.h>
+#include <linux/netfilter.h>
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <errno.h>
+
+#include "errors.h"
+#include "events.h"
+#include "netns.h"
+#include "svctrace.skel.h"
+
+namespace svt {
+
+namespace {
+
+struct NfAttachPoint {
+  int hook;
+  int priority;
+  bool after_nat;
+};
+
+// Around DNAT on the paths a Service packet enters by (forwarded: PRE_ROUTING;
+// from a local process such as curl on the node: LOCAL_OUT), and around SNAT
+// on the paths it leaves or is delivered by.
+const NfAttachPoint kNfAttachPoints[] = {
+    {NF_INET_PRE_ROUTING, SVT_NF_PRIO_DNAT - 1, false},
+    {NF_INET_PRE_ROUTING, SVT_NF_PRIO_DNAT + 1, true},
+    {NF_INET_LOCAL_OUT, SVT_NF_PRIO_DNAT - 1, false},
+    {NF_INET_LOCAL_OUT, SVT_NF_PRIO_DNAT + 1, true},
+    {NF_INET_POST_ROUTING, SVT_NF_PRIO_SNAT - 1, false},
+    {NF_INET_POST_ROUTING, SVT_NF_PRIO_SNAT + 1, true},
+    {NF_INET_LOCAL_IN, SVT_NF_PRIO_SNAT - 1, false},
+    {NF_INET_LOCAL_IN, SVT_NF_PRIO_SNAT + 1, true},
+};
+
+uint32_t GetU32(Napi::Object o, const char* key) {
+  Napi::Value v = o.Get(key);
+  if (!v.IsNumber()) throw Napi::TypeError::New(o.Env(), std::string("service.") + key + " must be a number");
+  return v.As<Napi::Number>().Uint32Value();
+}
+
+}  // namespace
+
+Napi::Function Tracer::Init(Napi::Env env) {
+  return DefineClass(env, "Tracer",
+                     {
+                         InstanceMethod("load", &Tracer::Load),
+                         InstanceMethod("setServices", &Tracer::SetServices),
+                         InstanceMethod("attachNetfilter", &Tracer::AttachNetfilter),
+                         InstanceMethod("start", &Tracer::Start),
+                         InstanceMethod("stats", &Tracer::Stats),
+                         InstanceMethod("close", &Tracer::Close),
+                     });
+}
+
+Tracer::Tracer(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Tracer>(info), env_(info.Env()) {
+  skel_ = svctrace_bpf__open();
+  if (!skel_) ThrowErrno(info.Env(), "svctrace_bpf__open", errno);
+  napi_add_env_cleanup_hook(env_, &Tracer::CleanupHook, this);
+}
+
+Tracer::~Tracer() {
+  Destroy();
+}
+
+void Tracer::CleanupHook(void* arg) {
+  static_cast<Tracer*>(arg)->Destroy();
+}
+
+void Tracer::Destroy() {
+  if (closed_) return;
+  closed_ = true;
+  napi_remove_env_cleanup_hook(env_, &Tracer::CleanupHook, this);
+  if (reader_) reader_->Stop();
+  reader_.reset();
+  // Detach first: the kernel stops running the programs before they go.
+  for (bpf_link* l : links_) bpf_link__destroy(l);
+  links_.clear();
+  svctrace_bpf__destroy(skel_);
+  skel_ = nullptr;
+}
+
+void Tracer::RequireLoaded(Napi::Env env, const char* method) {
+  if (closed_) throw Napi::Error::New(env, std::string("Tracer.") + method + "(): tracer is closed");
+  if (!loaded_) throw Napi::Error::New(env, std::string("Tracer.") + method + "(): call load() first");
+}
+
+Napi::Value Tracer::Load(const Napi::CallbackInfo& info) {
+  if (closed_) throw Napi::Error::New(info.Env(), "Tracer.load(): tracer is closed");
+  if (loaded_) return info.Env().Undefined();
+  ClearLibbpfLog();
+  int err = svctrace_bpf__load(skel_);
+  if (err) ThrowErrno(info.Env(), "bpf_object__load", err);
+  loaded_ = true;
+  return info.Env().Undefined();
+}
+
+// setServices([{addr, port, proto, id}]): addr is the IPv4 address as a
+// host-order uint32 (0 = any address, for NodePorts), port in host order.
+// Replaces the whole selection.
+Napi::Value Tracer::SetServices(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireLoaded(env, "setServices");
+  if (!info[0].IsArray()) throw Napi::TypeError::New(env, "setServices(services): services must be an array");
+  Napi::Array arr = info[0].As<Napi::Array>();
+  if (arr.Length() > SVT_MAX_SERVICES)
+    throw Napi::RangeError::New(env, "at most " + std::to_string(SVT_MAX_SERVICES) + " services can be traced");
+
+  std::vector<std::pair<svt_service_key, uint32_t>> entries;
+  bool have_nodeports = false;
+  for (uint32_t i = 0; i < arr.Length(); i++) {
+    Napi::Value v = arr.Get(i);
+    if (!v.IsObject()) throw Napi::TypeError::New(env, "setServices: each service must be an object");
+    Napi::Object o = v.As<Napi::Object>();
+    svt_service_key key = {};
+    uint32_t port = GetU32(o, "port"), proto = GetU32(o, "proto");
+    if (port == 0 || port > 65535) throw Napi::RangeError::New(env, "service port must be 1..65535");
+    if (proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_SCTP)
+      throw Napi::RangeError::New(env, "service proto must be TCP (6), UDP (17) or SCTP (132)");
+    key.addr = htonl(GetU32(o, "addr"));
+    key.port = htons((uint16_t)port);
+    key.proto = (uint8_t)proto;
+    if (key.addr == 0) have_nodeports = true;
+    entries.emplace_back(key, GetU32(o, "id"));
+  }
+
+  int fd = bpf_map__fd(skel_->maps.svt_services);
+  // Clear, then fill: the selection is small (<= SVT_MAX_SERVICES).
+  svt_service_key cur, next;
+  void* prev = nullptr;
+  std::vector<svt_service_key> old;
+  while (bpf_map_get_next_key(fd, prev, &next) == 0) {
+    old.push_back(next);
+    cur = next;
+    prev = &cur;
+  }
+  for (auto& k : old) bpf_map_delete_elem(fd, &k);
+  for (auto& [key, id] : entries) {
+    if (bpf_map_update_elem(fd, &key, &id, BPF_ANY) != 0) ThrowErrno(env, "bpf_map_update_elem", errno, "svt_services");
+  }
+  skel_->bss->svt_have_nodeports = have_nodeports ? 1 : 0;
+  return Napi::Number::New(env, entries.size());
+}
+
+// attachNetfilter(netnsPath): attaches both NAT-stage programs at every point
+// of kNfAttachPoints inside that network namespace. Returns
+// { netnsIno, links }. All-or-nothing: a failure detaches what it attached.
+Napi::Value Tracer::AttachNetfilter(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireLoaded(env, "attachNetfilter");
+  if (!info[0].IsString()) throw Napi::TypeError::New(env, "attachNetfilter(netnsPath): netnsPath must be a string");
+  std::string path = info[0].As<Napi::String>();
+
+  std::vector<bpf_link*> attached;
+  NetnsResult r = RunInNetns(path, [&](NetnsResult& res) {
+    for (const NfAttachPoint& p : kNfAttachPoints) {
+      LIBBPF_OPTS(bpf_netfilter_opts, opts, .pf = NFPROTO_IPV4, .hooknum = (__u32)p.hook,
+                  .priority = p.priority);
+      bpf_program* prog = p.after_nat ? skel_->progs.svt_nf_after_nat : skel_->progs.svt_nf_before_nat;
+      bpf_link* link = bpf_program__attach_netfilter(prog, &opts);
+      if (!link) {
+        res.op = "bpf_program__attach_netfilter";
+        res.detail = "hook " + std::to_string(p.hook) + " priority " + std::to_string(p.priority) + " in " + path;
+        return -errno;
+      }
+      attached.push_back(link);
+    }
+    return 0;
+  });
+  if (r.err != 0) {
+    for (bpf_link* l : attached) bpf_link__destroy(l);
+    ThrowErrno(env, r.op, r.err, r.detail);
+  }
+  links_.insert(links_.end(), attached.begin(), attached.end());
+  Napi::Object out = Napi::Object::New(env);
+  out.Set("netnsIno", Napi::Number::New(env, (double)NetnsInode(path)));
+  out.Set("links", Napi::Number::New(env, attached.size()));
+  return out;
+}
+
+Napi::Value Tracer::Start(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireLoaded(env, "start");
+  if (!info[0].IsFunction()) throw Napi::TypeError::New(env, "start(onBatch): onBatch must be a function");
+  if (reader_) throw Napi::Error::New(env, "Tracer.start(): already started");
+  reader_ = std::make_unique<RingReader>(env, bpf_map__fd(skel_->maps.svt_events), info[0].As<Napi::Function>());
+  reader_->Start();
+  return env.Undefined();
+}
+
+// stats(): kernel-side counters summed over CPUs, plus the reader's own.
+Napi::Value Tracer::Stats(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireLoaded(env, "stats");
+  int ncpu = libbpf_num_possible_cpus();
+  if (ncpu <= 0) ThrowErrno(env, "libbpf_num_possible_cpus", ncpu);
+  std::vector<__u64> values((size_t)ncpu);
+  __u64 sums[SVT_CNT_MAX] = {};
+  for (__u32 idx = 0; idx < SVT_CNT_MAX; idx++) {
+    if (bpf_map__lookup_elem(skel_->maps.svt_counters, &idx, sizeof(idx), values.data(),
+                             values.size() * sizeof(__u64), 0) != 0)
+      ThrowErrno(env, "bpf_map__lookup_elem", errno, "svt_counters");
+    for (__u64 v : values) sums[idx] += v;
+  }
+  Napi::Object out = Napi::Object::New(env);
+  out.Set("kernelEvents", Napi::Number::New(env, (double)sums[SVT_CNT_EVENTS]));
+  out.Set("ringbufLost", Napi::Number::New(env, (double)sums[SVT_CNT_RINGBUF_LOST]));
+  out.Set("flowsStarted", Napi::Number::New(env, (double)sums[SVT_CNT_FLOWS]));
+  out.Set("recordsRead", Napi::Number::New(env, reader_ ? (double)reader_->records_read() : 0));
+  out.Set("batchesDelivered", Napi::Number::New(env, reader_ ? (double)reader_->batches_delivered() : 0));
+  out.Set("readerDropped", Napi::Number::New(env, reader_ ? (double)reader_->records_dropped() : 0));
+  out.Set("malformed", Napi::Number::New(env, reader_ ? (double)reader_->malformed() : 0));
+  out.Set("links", Napi::Number::New(env, links_.size()));
+  return out;
+}
+
+Napi::Value Tracer::Close(const Napi::CallbackInfo& info) {
+  Destroy();
+  return info.Env().Undefined();
+}
+
+}  // namespace svt

@@ -1,0 +1,46 @@
+// The Tracer: one libbpf skeleton of bpf/svctrace.bpf.c, its netfilter links
+// (per network namespace) and its ring-buffer reader. JS lifecycle:
+//   new Tracer() -> load() -> setServices() -> attachNetfilter(netns) ->
+//   start(onBatch) -> stats() -> close()
+#pragma once
+
+#include <napi.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ring_reader.h"
+
+struct svctrace_bpf;
+struct bpf_link;
+
+namespace svt {
+
+class Tracer : public Napi::ObjectWrap<Tracer> {
+ public:
+  static Napi::Function Init(Napi::Env env);
+  explicit Tracer(const Napi::CallbackInfo& info);
+  ~Tracer() override;
+
+ private:
+  Napi::Value Load(const Napi::CallbackInfo& info);
+  Napi::Value SetServices(const Napi::CallbackInfo& info);
+  Napi::Value AttachNetfilter(const Napi::CallbackInfo& info);
+  Napi::Value Start(const Napi::CallbackInfo& info);
+  Napi::Value Stats(const Napi::CallbackInfo& info);
+  Napi::Value Close(const Napi::CallbackInfo& info);
+
+  void RequireLoaded(Napi::Env env, const char* method);
+  void Destroy();
+  static void CleanupHook(void* arg);
+
+  napi_env env_;
+  svctrace_bpf* skel_ = nullptr;
+  bool loaded_ = false;
+  bool closed_ = false;
+  std::vector<bpf_link*> links_;
+  std::unique_ptr<RingReader> reader_;
+};
+
+}  // namespace svt
