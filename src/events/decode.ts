@@ -1,0 +1,133 @@
+/**
+ * Decodes a batch buffer from the addon (consecutive struct svt_event
+ * records) into plain objects. Addresses and ports are network byte order in
+ * the record; everything else is little-endian host order.
+ */
+import os from 'node:os';
+import { EVENT, TUPLE } from './layout';
+
+if (os.endianness() !== 'LE') {
+  // The ABI is host order; the decoder reads little-endian. Say so loudly.
+  throw new Error('svctrace: the event decoder supports little-endian hosts only');
+}
+
+/** A packet or conntrack 5-tuple with dotted-quad addresses. */
+export interface Tuple {
+  saddr: string;
+  daddr: string;
+  sport: number;
+  dport: number;
+  proto: number;
+}
+
+/** One decoded kernel observation (struct svt_event). */
+export interface KernelEvent {
+  kind: number;
+  cpu: number;
+  tsNs: bigint;
+  /** Kernel address of the nf_conn, hex; '' when the packet had no conntrack entry. */
+  ctId: string;
+  skbId: string;
+  pkt: Tuple;
+  ctOrig: Tuple;
+  ctReply: Tuple;
+  ctStatus: number;
+  ctMark: number;
+  ctTimeoutMs: number;
+  netnsIno: number;
+  ifindex: number;
+  nfPriority: number;
+  reason: number;
+  pktLen: number;
+  ctZone: number;
+  nfHook: number;
+  ctinfo: number;
+  tcpFlags: number;
+  ctTcpState: number;
+  nfStage: number;
+  serviceId: number;
+  ifname: string;
+}
+
+export class DecodeError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'DecodeError';
+  }
+}
+
+const F = EVENT.fields;
+const T = TUPLE.fields;
+
+function ipv4(b: Uint8Array, o: number): string {
+  return `${b[o]}.${b[o + 1]}.${b[o + 2]}.${b[o + 3]}`;
+}
+
+function readTuple(dv: DataView, b: Uint8Array, o: number): Tuple {
+  return {
+    saddr: ipv4(b, o + T.saddr[0]),
+    daddr: ipv4(b, o + T.daddr[0]),
+    sport: dv.getUint16(o + T.sport[0], false),
+    dport: dv.getUint16(o + T.dport[0], false),
+    proto: dv.getUint8(o + T.proto[0]),
+  };
+}
+
+function hex64(dv: DataView, o: number): string {
+  const v = dv.getBigUint64(o, true);
+  return v === 0n ? '' : v.toString(16);
+}
+
+function cString(b: Uint8Array, o: number, len: number): string {
+  let end = o;
+  while (end < o + len && b[end] !== 0) end++;
+  return Buffer.from(b.buffer, b.byteOffset + o, end - o).toString('latin1');
+}
+
+/** Decodes one record at byte offset `o` of `buf`. */
+export function decodeEvent(buf: Uint8Array, o: number): KernelEvent {
+  const dv = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
+  return decodeAt(dv, buf, o);
+}
+
+function decodeAt(dv: DataView, b: Uint8Array, o: number): KernelEvent {
+  const size = dv.getUint16(o + F.size[0], true);
+  if (size !== EVENT.size) throw new DecodeError(`record at offset ${o} has size ${size}, expected ${EVENT.size}`);
+  return {
+    kind: dv.getUint16(o + F.kind[0], true),
+    cpu: dv.getUint32(o + F.cpu[0], true),
+    tsNs: dv.getBigUint64(o + F.ts_ns[0], true),
+    ctId: hex64(dv, o + F.ct_id[0]),
+    skbId: hex64(dv, o + F.skb_id[0]),
+    pkt: readTuple(dv, b, o + F.pkt[0]),
+    ctOrig: readTuple(dv, b, o + F.ct_orig[0]),
+    ctReply: readTuple(dv, b, o + F.ct_reply[0]),
+    ctStatus: dv.getUint32(o + F.ct_status[0], true),
+    ctMark: dv.getUint32(o + F.ct_mark[0], true),
+    ctTimeoutMs: dv.getUint32(o + F.ct_timeout_ms[0], true),
+    netnsIno: dv.getUint32(o + F.netns_ino[0], true),
+    ifindex: dv.getUint32(o + F.ifindex[0], true),
+    nfPriority: dv.getInt32(o + F.nf_priority[0], true),
+    reason: dv.getUint32(o + F.reason[0], true),
+    pktLen: dv.getUint32(o + F.pkt_len[0], true),
+    ctZone: dv.getUint16(o + F.ct_zone[0], true),
+    nfHook: dv.getUint8(o + F.nf_hook[0]),
+    ctinfo: dv.getUint8(o + F.ctinfo[0]),
+    tcpFlags: dv.getUint8(o + F.tcp_flags[0]),
+    ctTcpState: dv.getUint8(o + F.ct_tcp_state[0]),
+    nfStage: dv.getUint8(o + F.nf_stage[0]),
+    serviceId: dv.getUint32(o + F.service_id[0], true),
+    ifname: cString(b, o + F.ifname[0], F.ifname[1]),
+  };
+}
+
+/** Decodes a whole batch; a buffer that is not a whole number of records is rejected. */
+export function decodeBatch(buf: Uint8Array): KernelEvent[] {
+  if (buf.byteLength % EVENT.size !== 0) {
+    throw new DecodeError(`batch of ${buf.byteLength} bytes is not a multiple of ${EVENT.size}`);
+  }
+  const dv = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
+  const out: KernelEvent[] = new Array(buf.byteLength / EVENT.size);
+  for (let i = 0, o = 0; o < buf.byteLength; i++, o += EVENT.size) out[i] = decodeAt(dv, buf, o);
+  return out;
+}

@@ -1,0 +1,52 @@
+/**
+ * Offsets of the kernel event ABI (bpf/events.h), kept as literals so the
+ * decoder is a straight DataView walk. test/native/layout.test.ts asserts they
+ * equal what the addon compiled (binding.layout()): change events.h and that
+ * test tells you what to change here.
+ */
+export const TUPLE = {
+  size: 16,
+  fields: { saddr: [0, 4], daddr: [4, 4], sport: [8, 2], dport: [10, 2], proto: [12, 1] },
+} as const;
+
+export const EVENT = {
+  size: 144,
+  fields: {
+    kind: [0, 2],
+    size: [2, 2],
+    cpu: [4, 4],
+    ts_ns: [8, 8],
+    ct_id: [16, 8],
+    skb_id: [24, 8],
+    pkt: [32, 16],
+    ct_orig: [48, 16],
+    ct_reply: [64, 16],
+    ct_status: [80, 4],
+    ct_mark: [84, 4],
+    ct_timeout_ms: [88, 4],
+    netns_ino: [92, 4],
+    ifindex: [96, 4],
+    nf_priority: [100, 4],
+    reason: [104, 4],
+    pkt_len: [108, 4],
+    ct_zone: [112, 2],
+    nf_hook: [114, 1],
+    ctinfo: [115, 1],
+    tcp_flags: [116, 1],
+    ct_tcp_state: [117, 1],
+    nf_stage: [118, 1],
+    service_id: [120, 4],
+    ifname: [128, 16],
+  },
+} as const;
+
+/** enum svt_event_kind */
+export const EventKind = { NF: 1, DEV_XMIT: 2, DEV_RECV: 3, DROP: 4, FIB: 5 } as const;
+export type EventKindValue = (typeof EventKind)[keyof typeof EventKind];
+
+/** enum svt_nf_stage */
+export const NfStage = { BEFORE_NAT: 0, AFTER_NAT: 1 } as const;
+
+/** Netfilter priorities of kernel NAT (SVT_NF_PRIO_*). */
+export const NF_PRIO_DNAT = -100;
+export const NF_PRIO_SNAT = 100;

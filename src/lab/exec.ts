@@ -1,0 +1,35 @@
+/** Running the lab's system commands (ip, iptables-restore, curl) with clear errors. */
+import { execFile, ExecFileException } from 'node:child_process';
+import { SvctraceError } from '../errors';
+
+export interface RunResult {
+  stdout: string;
+  stderr: string;
+}
+
+/** Runs argv[0] with the rest as arguments; rejects with a LAB error naming the command. */
+export function run(argv: string[], opts: { input?: string; timeoutMs?: number; allowFail?: boolean } = {}): Promise<RunResult> {
+  const [cmd, ...args] = argv;
+  if (!cmd) throw new SvctraceError('INTERNAL', 'run: empty command');
+  return new Promise((resolve, reject) => {
+    const child = execFile(
+      cmd,
+      args,
+      { timeout: opts.timeoutMs ?? 30_000, maxBuffer: 64 * 1024 * 1024, encoding: 'utf8' },
+      (err: ExecFileException | null, stdout: string, stderr: string) => {
+        if (err && !opts.allowFail) {
+          const why = err.code === 'ENOENT' ? `${cmd} is not installed` : stderr.trim() || err.message;
+          reject(new SvctraceError('LAB', `'${argv.join(' ')}' failed: ${why}`, { cause: err }));
+          return;
+        }
+        resolve({ stdout, stderr });
+      },
+    );
+    if (opts.input !== undefined) child.stdin?.end(opts.input);
+  });
+}
+
+/** Runs a command inside a network namespace (`ip netns exec`). */
+export function runIn(netns: string, argv: string[], opts: { input?: string; timeoutMs?: number; allowFail?: boolean } = {}): Promise<RunResult> {
+  return run(['ip', 'netns', 'exec', netns, ...argv], opts);
+}

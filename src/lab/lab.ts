@@ -1,0 +1,332 @@
+/**
+ * The built-in lab: a simulated Kubernetes node made only of network
+ * namespaces this process creates. A "node" namespace holds the bridge cni0,
+ * kube-proxy-shaped iptables rules and svctrace's hooks; pod namespaces hang
+ * off the bridge by veth and run src/lab/pod-server; a client namespace
+ * reaches the node over its own veth. Nothing is added to the root namespace,
+ * no namespace has a default route, and every object carries a per-run name
+ * so a crashed run's leftovers can be found and removed by the next run.
+ */
+import { ChildProcess, execFileSync, spawn } from 'node:child_process';
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+import readline from 'node:readline';
+import { SvctraceError } from '../errors';
+import { run, runIn } from './exec';
+import { KubeService, renderFilterTable, renderNatTable } from './kube-rules';
+
+/** Every lab namespace name starts with this, then `<pid>-<random>-`. */
+export const LAB_PREFIX = 'svt-';
+const LAB_NAME_RE = /^svt-(\d+)-([0-9a-f]+)-/;
+
+export const LAB_ADDR = {
+  podCIDR: '10.244.0.0/16',
+  bridgeIP: '10.244.1.1',
+  podSubnetPrefix: '10.244.1.',
+  podHostBase: 10,
+  serviceCIDR: '10.96.0.0/12',
+  nodeIP: '10.250.0.1',
+  clientIP: '10.250.0.2',
+  clientSubnet: '10.250.0.0/24',
+} as const;
+
+export interface LabPod {
+  name: string;
+  netns: string;
+  ip: string;
+  /** Interface name of the pod's veth end in the node namespace. */
+  hostVeth: string;
+  pid?: number;
+}
+
+export interface ServedRequest {
+  pod: string;
+  proto: string;
+  client: string;
+  path?: string;
+}
+
+export interface LabOptions {
+  /** Number of pods (default 3). */
+  pods?: number;
+  /** Add kube-proxy's MASQUERADE rule (default true). */
+  masquerade?: boolean;
+  /** Services to render; default: labServices(pods). */
+  services?: KubeService[];
+}
+
+export const POD_HTTP_PORT = 8080;
+export const POD_UDP_PORT = 5353;
+
+/** The lab's default Services: web (3 endpoints, NodePort), dns (UDP), empty (no endpoints), other. */
+export function labServices(pods: LabPod[]): KubeService[] {
+  const http = pods.map((p) => ({ ip: p.ip, port: POD_HTTP_PORT }));
+  const udp = pods.map((p) => ({ ip: p.ip, port: POD_UDP_PORT }));
+  return [
+    { namespace: 'default', name: 'web', portName: 'http', clusterIP: '10.96.0.100', port: 80, proto: 'tcp', nodePort: 30080, endpoints: http },
+    { namespace: 'kube-system', name: 'kube-dns', portName: 'dns', clusterIP: '10.96.0.10', port: 53, proto: 'udp', endpoints: udp },
+    { namespace: 'default', name: 'empty', portName: 'http', clusterIP: '10.96.0.200', port: 80, proto: 'tcp', endpoints: [] },
+    { namespace: 'default', name: 'other', portName: 'http', clusterIP: '10.96.0.150', port: 80, proto: 'tcp', endpoints: http.slice(0, 1) },
+  ];
+}
+
+function pidAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+function listNetns(): string[] {
+  try {
+    return execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' })
+      .split('\n')
+      .map((l) => l.split(' ')[0] ?? '')
+      .filter(Boolean);
+  } catch {
+    return [];
+  }
+}
+
+/** Kills the processes left in a netns (our own crashed run's pod servers), then deletes it. */
+function deleteNetnsSync(name: string): void {
+  try {
+    const pids = execFileSync('ip', ['netns', 'pids', name], { encoding: 'utf8' }).split('\n').filter(Boolean);
+    for (const p of pids) {
+      try {
+        process.kill(Number(p), 'SIGKILL');
+      } catch {
+        // already gone
+      }
+    }
+  } catch {
+    // namespace vanished meanwhile
+  }
+  try {
+    execFileSync('ip', ['netns', 'del', name], { stdio: 'ignore' });
+  } catch {
+    // already gone
+  }
+}
+
+/** Removes lab namespaces whose creating process is dead. Returns their names. */
+export function cleanupStaleLabs(): string[] {
+  const removed: string[] = [];
+  for (const ns of listNetns()) {
+    const m = LAB_NAME_RE.exec(ns);
+    if (!m) continue;
+    if (pidAlive(Number(m[1]))) continue;
+    deleteNetnsSync(ns);
+    removed.push(ns);
+  }
+  return removed;
+}
+
+const openLabs = new Set<Lab>();
+let exitHookInstalled = false;
+
+export class Lab {
+  readonly id: string;
+  readonly nodeNetns: string;
+  readonly clientNetns: string;
+  readonly pods: LabPod[];
+  services: KubeService[] = [];
+  readonly served: ServedRequest[] = [];
+  private readonly servers = new Map<string, ChildProcess>();
+  private readonly created: string[] = [];
+  private torn = false;
+
+  private constructor(podCount: number) {
+    this.id = `${process.pid}-${crypto.randomBytes(3).toString('hex')}`;
+    this.nodeNetns = `${LAB_PREFIX}${this.id}-node`;
+    this.clientNetns = `${LAB_PREFIX}${this.id}-client`;
+    this.pods = Array.from({ length: podCount }, (_, i) => ({
+      name: `pod${i}`,
+      netns: `${LAB_PREFIX}${this.id}-pod${i}`,
+      ip: `${LAB_ADDR.podSubnetPrefix}${LAB_ADDR.podHostBase + i}`,
+      hostVeth: `veth${i}`,
+    }));
+  }
+
+  /** Stands the lab up; on any failure tears down what it made and rethrows. */
+  static async up(opts: LabOptions = {}): Promise<Lab> {
+    if (process.getuid?.() !== 0) throw new SvctraceError('NOT_PERMITTED', 'the lab needs root (it creates network namespaces)');
+    const podCount = opts.pods ?? 3;
+    if (!Number.isInteger(podCount) || podCount < 1 || podCount > 50) {
+      throw new SvctraceError('BAD_INPUT', 'lab pods must be 1..50');
+    }
+    cleanupStaleLabs();
+    const lab = new Lab(podCount);
+    openLabs.add(lab);
+    if (!exitHookInstalled) {
+      exitHookInstalled = true;
+      process.once('exit', () => {
+        for (const l of openLabs) l.downSync();
+      });
+    }
+    try {
+      await lab.build(opts);
+    } catch (e) {
+      lab.downSync();
+      throw e;
+    }
+    return lab;
+  }
+
+  private async addNetns(name: string): Promise<void> {
+    await run(['ip', 'netns', 'add', name]);
+    this.created.push(name);
+    await run(['ip', '-n', name, 'link', 'set', 'lo', 'up']);
+  }
+
+  private async build(opts: LabOptions): Promise<void> {
+    const node = this.nodeNetns;
+    const ipn = (...args: string[]) => run(['ip', '-n', node, ...args]);
+    await this.addNetns(node);
+    await runIn(node, ['sysctl', '-qw', 'net.ipv4.ip_forward=1']);
+    // Short conntrack timeouts so closed flows are destroyed quickly (lab only).
+    await runIn(node, ['sysctl', '-qw', 'net.netfilter.nf_conntrack_tcp_timeout_time_wait=2'], { allowFail: true });
+    await runIn(node, ['sysctl', '-qw', 'net.netfilter.nf_conntrack_tcp_timeout_close=2'], { allowFail: true });
+    await ipn('link', 'add', 'cni0', 'type', 'bridge');
+    await ipn('addr', 'add', `${LAB_ADDR.bridgeIP}/24`, 'dev', 'cni0');
+    await ipn('link', 'set', 'cni0', 'up');
+    // kube-proxy relies on a route existing for the service range; the lab's
+    // node has no default route, so it gets this one instead.
+    await ipn('route', 'add', LAB_ADDR.serviceCIDR, 'dev', 'cni0');
+
+    for (const pod of this.pods) {
+      await this.addNetns(pod.netns);
+      // Both veth ends are created inside the node namespace; the peer moves
+      // straight into the pod's: neither ever exists in the root namespace.
+      await ipn('link', 'add', pod.hostVeth, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', pod.netns);
+      await ipn('link', 'set', pod.hostVeth, 'master', 'cni0', 'up');
+      const ipp = (...args: string[]) => run(['ip', '-n', pod.netns, ...args]);
+      await ipp('addr', 'add', `${pod.ip}/24`, 'dev', 'eth0');
+      await ipp('link', 'set', 'eth0', 'up');
+      await ipp('route', 'add', LAB_ADDR.clientSubnet, 'via', LAB_ADDR.bridgeIP);
+      await ipp('route', 'add', LAB_ADDR.serviceCIDR, 'via', LAB_ADDR.bridgeIP);
+    }
+
+    await this.addNetns(this.clientNetns);
+    await ipn('link', 'add', 'vclient', 'type', 'veth', 'peer', 'name', 'eth0', 'netns', this.clientNetns);
+    await ipn('addr', 'add', `${LAB_ADDR.nodeIP}/24`, 'dev', 'vclient');
+    await ipn('link', 'set', 'vclient', 'up');
+    const ipc = (...args: string[]) => run(['ip', '-n', this.clientNetns, ...args]);
+    await ipc('addr', 'add', `${LAB_ADDR.clientIP}/24`, 'dev', 'eth0');
+    await ipc('link', 'set', 'eth0', 'up');
+    await ipc('route', 'add', LAB_ADDR.serviceCIDR, 'via', LAB_ADDR.nodeIP);
+
+    this.services = opts.services ?? labServices(this.pods);
+    await this.loadRules({ masquerade: opts.masquerade !== false });
+    await Promise.all(this.pods.map((p) => this.startServer(p)));
+  }
+
+  /** (Re)loads the kube-proxy rules into the node namespace. */
+  async loadRules(opts: { masquerade: boolean }): Promise<void> {
+    const text =
+      renderNatTable(this.services, { clusterCIDR: LAB_ADDR.podCIDR, masquerade: opts.masquerade }) +
+      renderFilterTable(this.services);
+    await runIn(this.nodeNetns, ['iptables-restore'], { input: text });
+  }
+
+  private startServer(pod: LabPod): Promise<void> {
+    const script = path.join(__dirname, 'pod-server.js');
+    const child = spawn(
+      'ip',
+      ['netns', 'exec', pod.netns, process.execPath, script, '--name', pod.name, '--port', String(POD_HTTP_PORT), '--udp-port', String(POD_UDP_PORT)],
+      { stdio: ['pipe', 'pipe', 'inherit'] },
+    );
+    this.servers.set(pod.name, child);
+    pod.pid = child.pid;
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => reject(new SvctraceError('LAB', `pod server ${pod.name} did not start`)), 10_000);
+      child.once('error', (e) => reject(new SvctraceError('LAB', `pod server ${pod.name}: ${e.message}`)));
+      child.once('exit', (code) => {
+        clearTimeout(timer);
+        reject(new SvctraceError('LAB', `pod server ${pod.name} exited (${code})`));
+      });
+      readline.createInterface({ input: child.stdout! }).on('line', (line) => {
+        let msg: { event?: string } & ServedRequest;
+        try {
+          msg = JSON.parse(line);
+        } catch {
+          return;
+        }
+        if (msg.event === 'ready') {
+          clearTimeout(timer);
+          resolve();
+        } else if (msg.event === 'request') {
+          this.served.push({ pod: msg.pod, proto: msg.proto, client: msg.client, path: msg.path });
+        }
+      });
+    });
+  }
+
+  podByIP(ip: string): LabPod | undefined {
+    return this.pods.find((p) => p.ip === ip);
+  }
+
+  service(name: string): KubeService {
+    const s = this.services.find((x) => x.name === name);
+    if (!s) throw new SvctraceError('INTERNAL', `lab has no service ${name}`);
+    return s;
+  }
+
+  /** HTTP GET with curl from the node (like curl on a node) or from the client namespace. */
+  async curl(url: string, from: 'node' | 'client' = 'node', extra: string[] = []): Promise<{ ok: boolean; body: string; stderr: string }> {
+    const ns = from === 'node' ? this.nodeNetns : this.clientNetns;
+    const r = await runIn(ns, ['curl', '-sS', '--max-time', '5', ...extra, url], { allowFail: true, timeoutMs: 10_000 });
+    return { ok: r.stdout.startsWith('pod='), body: r.stdout, stderr: r.stderr };
+  }
+
+  /** Number of network namespaces of this lab that still exist. */
+  leftovers(): string[] {
+    const mine = `${LAB_PREFIX}${this.id}-`;
+    return listNetns().filter((n) => n.startsWith(mine));
+  }
+
+  /** Tears everything down: pod servers (by PID), then every namespace. */
+  async down(): Promise<void> {
+    this.downSync();
+  }
+
+  downSync(): void {
+    if (this.torn) return;
+    this.torn = true;
+    for (const child of this.servers.values()) {
+      child.removeAllListeners('exit');
+      child.stdin?.destroy();
+      if (child.exitCode === null && child.pid) {
+        try {
+          process.kill(child.pid, 'SIGKILL');
+        } catch {
+          // already exited
+        }
+      }
+    }
+    for (const ns of [...this.created].reverse()) deleteNetnsSync(ns);
+    openLabs.delete(this);
+  }
+}
+
+/** Exposed for tests: is a lab namespace name one of ours. */
+export function isLabNetns(name: string): boolean {
+  return LAB_NAME_RE.test(name);
+}
+
+/** True when the lab can run here (root and the tools it calls). */
+export function labPrerequisites(): string[] {
+  const missing: string[] = [];
+  if (process.getuid?.() !== 0) missing.push('root');
+  for (const tool of ['ip', 'iptables-restore', 'curl']) {
+    const found = (process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin')
+      .split(':')
+      .concat(['/usr/sbin', '/sbin'])
+      .some((d) => fs.existsSync(path.join(d, tool)));
+    if (!found) missing.push(tool);
+  }
+  return missing;
+}
