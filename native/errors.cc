@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <deque>
 #include <mutex>
@@ -35,6 +34,23 @@ int LibbpfPrint(enum libbpf_print_level level, const char* fmt, va_list args) {
   return n;
 }
 
+// True when this process holds what BPF tracing needs (CAP_SYS_ADMIN, or
+// CAP_BPF + CAP_PERFMON + CAP_NET_ADMIN), read from /proc/self/status so a
+// root process with dropped capabilities is told the truth.
+bool HasTracingCapabilities() {
+  FILE* f = fopen("/proc/self/status", "r");
+  if (!f) return false;
+  char line[256];
+  unsigned long long eff = 0;
+  while (fgets(line, sizeof(line), f)) {
+    if (sscanf(line, "CapEff: %llx", &eff) == 1) break;
+  }
+  fclose(f);
+  auto has = [&](int bit) { return (eff >> bit) & 1ULL; };
+  const int kNetAdmin = 12, kSysAdmin = 21, kPerfmon = 38, kBpf = 39;
+  return has(kSysAdmin) || (has(kBpf) && has(kPerfmon) && has(kNetAdmin));
+}
+
 }  // namespace
 
 std::string ErrnoName(int err) {
@@ -48,7 +64,7 @@ std::string DescribeFailure(const std::string& op, int err, const std::string& d
   if (err < 0) err = -err;
   std::string what = detail.empty() ? op : op + " (" + detail + ")";
   std::string sentence = what + " failed: " + strerror(err);
-  if ((err == EPERM || err == EACCES) && geteuid() == 0) {
+  if ((err == EPERM || err == EACCES) && HasTracingCapabilities()) {
     sentence = "refused by the kernel although running as root (" + what + ": " + strerror(err) +
                "): the feature is disabled or locked down on this kernel";
   } else if (err == EPERM || err == EACCES) {

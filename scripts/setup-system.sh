@@ -6,11 +6,6 @@
 # ships libbpf 1.1.
 set -euo pipefail
 
-if [ "$(id -u)" != 0 ]; then
-  echo "setup-system: must run as root (installs Debian packages)" >&2
-  exit 1
-fi
-
 PLAIN_PKGS=(clang llvm make cmake g++ pkg-config libelf-dev zlib1g-dev libmnl-dev
   iptables nftables conntrack iproute2 curl libcap2-bin util-linux)
 BACKPORT_PKGS=(libbpf-dev bpftool)
@@ -30,6 +25,11 @@ libbpf_ok() {
 if [ ${#missing[@]} -eq 0 ] && libbpf_ok; then
   echo "setup-system: all system packages present"
   exit 0
+fi
+
+if [ "$(id -u)" != 0 ]; then
+  echo "setup-system: missing packages (${missing[*]:-} libbpf-dev>=1.3/bpftool); run as root to install them" >&2
+  exit 1
 fi
 
 . /etc/os-release

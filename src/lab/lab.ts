@@ -265,6 +265,11 @@ export class Lab {
     });
   }
 
+  /** The node's address as the client namespace reaches it (NodePort target). */
+  nodeIPForClient(): string {
+    return LAB_ADDR.nodeIP;
+  }
+
   podByIP(ip: string): LabPod | undefined {
     return this.pods.find((p) => p.ip === ip);
   }

@@ -1,0 +1,80 @@
+/**
+ * A trace session: the orchestration shared by `trace`, `demo` and tests —
+ * open the tracer, select services, attach to namespaces, deliver events,
+ * stop on a deadline or a signal, and summarize.
+ */
+import { SvctraceError } from '../errors';
+import { KernelEvent } from '../events/decode';
+import { ServiceSpec } from '../net/ipv4';
+import { Tracer, TracerStats } from './tracer';
+
+export interface SessionOptions {
+  services: ServiceSpec[];
+  /** Namespaces (names or paths) to attach the netfilter observers in. */
+  netns: string[];
+  onEvents: (events: KernelEvent[]) => void;
+}
+
+export class TraceSession {
+  readonly tracer: Tracer;
+  readonly services: ServiceSpec[];
+  private stopped = false;
+
+  private constructor(tracer: Tracer, services: ServiceSpec[]) {
+    this.tracer = tracer;
+    this.services = services;
+  }
+
+  /** Everything up to hooks attached; on failure nothing stays attached. */
+  static start(opts: SessionOptions): TraceSession {
+    if (opts.services.length === 0) throw new SvctraceError('BAD_INPUT', 'give at least one --service IP:port or --nodeport PORT');
+    if (opts.netns.length === 0) throw new SvctraceError('BAD_INPUT', 'give at least one network namespace to attach in');
+    const tracer = Tracer.open();
+    try {
+      tracer.setServices(opts.services);
+      for (const ns of opts.netns) tracer.attachNetns(ns);
+      tracer.start(opts.onEvents);
+    } catch (e) {
+      tracer.close();
+      throw e;
+    }
+    return new TraceSession(tracer, opts.services);
+  }
+
+  /** Service spec of an event's service_id (ids are 1-based indices). */
+  serviceOf(id: number): ServiceSpec | undefined {
+    return this.services[id - 1];
+  }
+
+  stats(): TracerStats {
+    return this.tracer.stats();
+  }
+
+  /** Lets the reader hand over what the kernel still holds, then detaches. */
+  async stop(): Promise<TracerStats> {
+    if (!this.stopped) {
+      this.stopped = true;
+      // The reader flushes every few ms; give in-flight batches time to land.
+      await new Promise((r) => setTimeout(r, 50));
+      this.tracer.close();
+    }
+    return this.tracer.stats();
+  }
+}
+
+/** Resolves after `seconds`, or on SIGINT/SIGTERM, whichever comes first. */
+export function waitForStop(seconds: number | undefined): Promise<'timeout' | 'signal'> {
+  return new Promise((resolve) => {
+    let timer: NodeJS.Timeout | undefined;
+    const onSignal = () => finish('signal');
+    const finish = (why: 'timeout' | 'signal') => {
+      if (timer) clearTimeout(timer);
+      process.off('SIGINT', onSignal);
+      process.off('SIGTERM', onSignal);
+      resolve(why);
+    };
+    process.on('SIGINT', onSignal);
+    process.on('SIGTERM', onSignal);
+    if (seconds !== undefined) timer = setTimeout(() => finish('timeout'), seconds * 1000);
+  });
+}

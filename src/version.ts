@@ -1,0 +1,3 @@
+/** svctrace's version, from package.json. */
+// eslint-disable-next-line @typescript-eslint/no-require-imports
+export const VERSION: string = (require('../../package.json') as { version: string }).version;

@@ -1,0 +1,61 @@
+/**
+ * Bad input and missing privileges give one clear line on stderr and a
+ * non-zero exit, never a stack trace.
+ */
+import { describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import path from 'node:path';
+import { kernelTest } from '../helpers/kernel';
+
+const CLI = path.resolve(__dirname, '..', '..', '..', 'bin', 'svctrace.js');
+
+function svctrace(args: string[], wrap: string[] = []): { status: number | null; stdout: string; stderr: string } {
+  const argv = [...wrap, process.execPath, CLI, ...args];
+  const r = spawnSync(argv[0]!, argv.slice(1), { encoding: 'utf8', timeout: 60_000 });
+  return { status: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+
+function assertOneLineError(r: { status: number | null; stderr: string }, re: RegExp): void {
+  assert.notEqual(r.status, 0);
+  const lines = r.stderr.split('\n').filter((l) => l.trim() !== '' && !l.startsWith('(run svctrace --help'));
+  assert.equal(lines.length, 1, `expected one line, got:\n${r.stderr}`);
+  assert.match(lines[0]!, re);
+  assert.doesNotMatch(r.stderr, /\n\s+at /, 'stack trace printed');
+}
+
+describe('CLI errors', () => {
+  it('unknown flag: doctor --bogus', () => {
+    assertOneLineError(svctrace(['doctor', '--bogus']), /unknown option '--bogus'/);
+  });
+
+  it('bad service address', () => {
+    const r = svctrace(['trace', '--service', '10.96.0.300:80', '--duration', '1']);
+    assertOneLineError(r, /'10\.96\.0\.300' is not an IPv4 address/);
+    assert.equal(r.status, 2);
+  });
+
+  it('bad output format and duration', () => {
+    assertOneLineError(svctrace(['trace', '--service', '10.96.0.1:80', '-o', 'xml']), /--output must be text or json/);
+    assertOneLineError(svctrace(['trace', '--service', '10.96.0.1:80', '--duration', '-3']), /--duration/);
+  });
+
+  it('unknown command', () => {
+    assertOneLineError(svctrace(['frobnicate']), /unknown command 'frobnicate'/);
+  });
+
+  kernelTest('unknown network namespace', async () => {
+    const r = svctrace(['trace', '--service', '10.96.0.100:80', '--netns', 'svt-does-not-exist', '--duration', '1']);
+    assertOneLineError(r, /network namespace 'svt-does-not-exist' not found/);
+    assert.equal(r.status, 2);
+  });
+
+  kernelTest('attach without privileges: capabilities dropped with setpriv', async () => {
+    // Root without any capability (empty bounding set): the kernel refuses.
+    const r = svctrace(['trace', '--service', '10.96.0.100:80', '--duration', '1'], [
+      'setpriv', '--bounding-set=-all', '--inh-caps=-all', '--',
+    ]);
+    assertOneLineError(r, /not permitted: run as root or with CAP_BPF\+CAP_NET_ADMIN\+CAP_PERFMON/);
+    assert.equal(r.status, 77);
+  });
+});

@@ -1,0 +1,64 @@
+/**
+ * `svctrace doctor --json` must be right about this kernel. The evidence is
+ * independent of svctrace's own probes: the kernel's build config, and
+ * bpftool (its own loader) loading tiny programs compiled by this test.
+ */
+import { describe } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync, spawnSync } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { kernelTest } from '../helpers/kernel';
+import { readKernelConfig } from '../../src/doctor/kernel-config';
+
+const ROOT = path.resolve(__dirname, '..', '..', '..');
+const CLI = path.join(ROOT, 'bin', 'svctrace.js');
+const VMLINUX_DIR = path.join(ROOT, 'build', 'bpf');
+
+/** Compiles `src` (a BPF C program) and asks bpftool to load and attach it, in a private mount namespace. */
+function bpftoolLoads(name: string, src: string): boolean {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'svt-doctor-'));
+  try {
+    fs.writeFileSync(path.join(dir, `${name}.bpf.c`), src);
+    fs.mkdirSync(path.join(dir, 'fs'));
+    execFileSync('clang', ['-g', '-O2', '-target', 'bpf', '-D__TARGET_ARCH_x86', '-I', VMLINUX_DIR, '-c', `${name}.bpf.c`, '-o', `${name}.o`], { cwd: dir });
+    // unshare -m: the bpffs mount bpftool pins into exists only for this command.
+    const script = `mount -t bpf bpf "${dir}/fs" && bpftool prog load "${dir}/${name}.o" "${dir}/fs/p" autoattach`;
+    return spawnSync('unshare', ['-m', 'sh', '-c', script], { stdio: 'ignore' }).status === 0;
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+const HEADER = '#include "vmlinux.h"\n#include <bpf/bpf_helpers.h>\n#include <bpf/bpf_tracing.h>\nchar LICENSE[] SEC("license") = "GPL";\n';
+
+describe('svctrace doctor (kernel)', () => {
+  kernelTest('doctor --json agrees with the kernel config and with bpftool', async () => {
+    const out = execFileSync(process.execPath, [CLI, 'doctor', '--json'], { encoding: 'utf8' });
+    const report = JSON.parse(out) as { ready: boolean; checks: Array<{ id: string; ok: boolean; required: boolean }> };
+    const ok = (id: string) => {
+      const c = report.checks.find((x) => x.id === id);
+      assert.ok(c, `doctor has no '${id}' check`);
+      return c.ok;
+    };
+
+    const config = readKernelConfig();
+    assert.ok(config, 'this test needs the kernel config (/proc/config.gz or /boot/config-*)');
+    const yes = (k: string) => config.get(k) === 'y';
+    assert.equal(ok('netfilterLink'), yes('CONFIG_NETFILTER_BPF_LINK'), 'netfilter link vs CONFIG_NETFILTER_BPF_LINK');
+    assert.equal(ok('kprobe'), yes('CONFIG_KPROBES'), 'kprobes vs CONFIG_KPROBES');
+    assert.equal(ok('ipvs'), fs.existsSync('/proc/net/ip_vs') || yes('CONFIG_IP_VS'), 'IPVS vs CONFIG_IP_VS');
+    assert.equal(ok('conntrackEvents'), yes('CONFIG_NF_CONNTRACK_EVENTS'), 'conntrack events vs CONFIG_NF_CONNTRACK_EVENTS');
+    assert.equal(ok('btf'), yes('CONFIG_DEBUG_INFO_BTF'));
+
+    // fentry and tp_btf: whatever bpftool's loader gets from this kernel.
+    const fentry = bpftoolLoads('fentry', HEADER + 'SEC("fentry/nf_conntrack_destroy") int BPF_PROG(f) { return 0; }\n');
+    const tpBtf = bpftoolLoads('tpbtf', HEADER + 'SEC("tp_btf/kfree_skb") int BPF_PROG(t, struct sk_buff *skb) { return 0; }\n');
+    assert.equal(ok('fentry'), fentry, `fentry: doctor says ${ok('fentry')}, bpftool load says ${fentry}`);
+    assert.equal(ok('tpBtf'), tpBtf, `tp_btf: doctor says ${ok('tpBtf')}, bpftool load says ${tpBtf}`);
+
+    // The core path works on the machines this project runs on.
+    assert.equal(report.ready, true);
+  });
+});

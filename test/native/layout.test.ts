@@ -1,0 +1,31 @@
+import { describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { loadBinding } from '../../src/native/binding';
+import { EVENT, EventKind, NF_PRIO_DNAT, NF_PRIO_SNAT, NfStage, TUPLE } from '../../src/events/layout';
+
+// The addon reports the layout bpf/events.h compiled to; the decoder's
+// literal offsets must match it field by field.
+describe('event ABI parity (bpf/events.h vs src/events/layout.ts)', () => {
+  const native = loadBinding().layout();
+
+  it('svt_event: every field the addon exports has the same offset and size in TS', () => {
+    assert.equal(EVENT.size, native.svt_event.size);
+    assert.deepEqual(
+      Object.fromEntries(Object.entries(EVENT.fields).map(([k, v]) => [k, [...v]])),
+      native.svt_event.fields,
+    );
+  });
+
+  it('svt_tuple matches', () => {
+    assert.equal(TUPLE.size, native.svt_tuple.size);
+    assert.deepEqual(Object.fromEntries(Object.entries(TUPLE.fields).map(([k, v]) => [k, [...v]])), native.svt_tuple.fields);
+  });
+
+  it('enum values and constants match', () => {
+    assert.deepEqual({ ...EventKind }, native.kinds);
+    assert.equal(native.consts.NF_PRIO_DNAT, NF_PRIO_DNAT);
+    assert.equal(native.consts.NF_PRIO_SNAT, NF_PRIO_SNAT);
+    assert.equal(native.consts.STAGE_BEFORE_NAT, NfStage.BEFORE_NAT);
+    assert.equal(native.consts.STAGE_AFTER_NAT, NfStage.AFTER_NAT);
+  });
+});

@@ -1,0 +1,70 @@
+import { describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { decodeBatch, DecodeError } from '../../src/events/decode';
+import { EVENT, EventKind } from '../../src/events/layout';
+
+const F = EVENT.fields;
+
+/** Writes one record the way the kernel would (network-order addresses/ports). */
+function record(over: { kind?: number; size?: number; daddr?: number[]; dport?: number; prio?: number; ifname?: string } = {}): Buffer {
+  const b = Buffer.alloc(EVENT.size);
+  b.writeUInt16LE(over.kind ?? EventKind.NF, F.kind[0]);
+  b.writeUInt16LE(over.size ?? EVENT.size, F.size[0]);
+  b.writeUInt32LE(1, F.cpu[0]);
+  b.writeBigUInt64LE(123456789n, F.ts_ns[0]);
+  b.writeBigUInt64LE(0xffff888812345678n, F.ct_id[0]);
+  Buffer.from([10, 244, 1, 1]).copy(b, F.pkt[0] + 0);
+  Buffer.from(over.daddr ?? [10, 96, 0, 100]).copy(b, F.pkt[0] + 4);
+  b.writeUInt16BE(45278, F.pkt[0] + 8);
+  b.writeUInt16BE(over.dport ?? 80, F.pkt[0] + 10);
+  b.writeUInt8(6, F.pkt[0] + 12);
+  b.writeUInt32LE(0x28, F.ct_status[0]);
+  b.writeInt32LE(over.prio ?? -101, F.nf_priority[0]);
+  b.writeUInt8(3, F.nf_hook[0]);
+  b.writeUInt8(0x02, F.tcp_flags[0]);
+  b.write(over.ifname ?? 'cni0', F.ifname[0], 'latin1');
+  return b;
+}
+
+describe('decodeBatch', () => {
+  it('decodes addresses, ports (network order) and host-order fields', () => {
+    const [e] = decodeBatch(record());
+    assert.ok(e);
+    assert.equal(e.kind, EventKind.NF);
+    assert.equal(e.tsNs, 123456789n);
+    assert.equal(e.ctId, 'ffff888812345678');
+    assert.deepEqual(e.pkt, { saddr: '10.244.1.1', daddr: '10.96.0.100', sport: 45278, dport: 80, proto: 6 });
+    assert.equal(e.nfPriority, -101);
+    assert.equal(e.nfHook, 3);
+    assert.equal(e.tcpFlags, 2);
+    assert.equal(e.ctStatus, 0x28);
+    assert.equal(e.ifname, 'cni0');
+  });
+
+  it('decodes several records in order', () => {
+    const evs = decodeBatch(Buffer.concat([record({ dport: 80 }), record({ daddr: [10, 244, 1, 12], dport: 8080, prio: -99 })]));
+    assert.equal(evs.length, 2);
+    assert.equal(evs[1]?.pkt.daddr, '10.244.1.12');
+    assert.equal(evs[1]?.pkt.dport, 8080);
+    assert.equal(evs[1]?.nfPriority, -99);
+  });
+
+  it('reads a full-length interface name without a terminator', () => {
+    const [e] = decodeBatch(record({ ifname: 'abcdefghijklmnop' }));
+    assert.equal(e?.ifname, 'abcdefghijklmnop');
+  });
+
+  it('rejects a batch that is not whole records', () => {
+    assert.throws(() => decodeBatch(Buffer.alloc(EVENT.size + 3)), DecodeError);
+  });
+
+  it('rejects a record whose size field disagrees with the ABI', () => {
+    assert.throws(() => decodeBatch(record({ size: 100 })), /size 100/);
+  });
+
+  it('decodes from a buffer view with a non-zero byteOffset', () => {
+    const backing = Buffer.concat([Buffer.alloc(8), record()]);
+    const [e] = decodeBatch(backing.subarray(8));
+    assert.equal(e?.pkt.daddr, '10.96.0.100');
+  });
+});

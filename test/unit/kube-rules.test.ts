@@ -1,0 +1,32 @@
+import { describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { endpointProbability, renderNatTable, svcChain, KubeService } from '../../src/lab/kube-rules';
+
+const web: KubeService = {
+  namespace: 'default', name: 'web', portName: 'http', clusterIP: '10.96.0.100', port: 80, proto: 'tcp', nodePort: 30080,
+  endpoints: [{ ip: '10.244.1.10', port: 8080 }, { ip: '10.244.1.11', port: 8080 }, { ip: '10.244.1.12', port: 8080 }],
+};
+
+describe('kube-proxy rule rendering', () => {
+  it('chains probabilities like kube-proxy: 1/3, 1/2, then the rest', () => {
+    assert.equal(endpointProbability(0, 3), '0.33333333333');
+    assert.equal(endpointProbability(1, 3), '0.50000000000');
+    const text = renderNatTable([web], { clusterCIDR: '10.244.0.0/16' });
+    const svcRules = text.split('\n').filter((l) => l.startsWith(`-A ${svcChain(web)} `) && l.includes('KUBE-SEP-'));
+    assert.equal(svcRules.length, 3);
+    assert.match(svcRules[0]!, /--probability 0\.33333333333/);
+    assert.match(svcRules[1]!, /--probability 0\.50000000000/);
+    assert.doesNotMatch(svcRules[2]!, /probability/);
+  });
+  it('uses kube-proxy chain names and comments', () => {
+    assert.match(svcChain(web), /^KUBE-SVC-[A-Z2-7]{16}$/);
+    const text = renderNatTable([web], { clusterCIDR: '10.244.0.0/16' });
+    assert.match(text, /-A KUBE-SERVICES -d 10\.96\.0\.100\/32 -p tcp -m comment --comment "default\/web:http cluster IP"/);
+    assert.match(text, /-j DNAT --to-destination 10\.244\.1\.12:8080/);
+    assert.match(text, /-A KUBE-NODEPORTS -p tcp .* --dport 30080 -j KUBE-EXT-/);
+    assert.match(text, /MASQUERADE --random-fully/);
+  });
+  it('omits MASQUERADE when asked', () => {
+    assert.doesNotMatch(renderNatTable([web], { clusterCIDR: '10.244.0.0/16', masquerade: false }), /MASQUERADE/);
+  });
+});
