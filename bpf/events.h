@@ -29,11 +29,12 @@
 
 /* What produced an event. */
 enum svt_event_kind {
-	SVT_EV_NF = 1,       /* a netfilter hook saw a packet of a tracked flow */
-	SVT_EV_DEV_XMIT = 2, /* net_dev_queue: a device is about to transmit it */
-	SVT_EV_DEV_RECV = 3, /* netif_receive_skb: a device received it */
-	SVT_EV_DROP = 4,     /* kfree_skb with a drop reason */
-	SVT_EV_FIB = 5,      /* fib_table_lookup: the routing decision */
+	SVT_EV_NF = 1,         /* a netfilter hook saw a packet of a tracked flow */
+	SVT_EV_DEV_XMIT = 2,   /* net_dev_queue: a device is about to transmit it */
+	SVT_EV_DEV_RECV = 3,   /* netif_receive_skb: a device received it */
+	SVT_EV_DROP = 4,       /* kfree_skb: the kernel dropped it, with a reason */
+	SVT_EV_FIB = 5,        /* fib_table_lookup: the routing decision for it */
+	SVT_EV_CT_DESTROY = 6, /* conntrack netlink DESTROY (written by the addon) */
 };
 
 /*
@@ -48,6 +49,12 @@ enum svt_event_kind {
 enum svt_nf_stage {
 	SVT_STAGE_BEFORE_NAT = 0,
 	SVT_STAGE_AFTER_NAT = 1,
+};
+
+/* Direction of a packet relative to its conntrack entry. */
+enum svt_dir {
+	SVT_DIR_ORIGINAL = 0, /* client -> service */
+	SVT_DIR_REPLY = 1,    /* backend -> client */
 };
 
 /* A packet or conntrack tuple; addresses and ports in network byte order. */
@@ -69,7 +76,7 @@ struct svt_event {
 	__u16 kind;              /* enum svt_event_kind */
 	__u16 size;              /* sizeof(struct svt_event), checked by the reader */
 	__u32 cpu;
-	__u64 ts_ns;             /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
+	__u64 ts_ns;             /* CLOCK_MONOTONIC (bpf_ktime_get_ns) */
 	__u64 ct_id;             /* kernel address of the nf_conn: flow key, 0 if none */
 	__u64 skb_id;            /* kernel address of the sk_buff: packet key */
 	struct svt_tuple pkt;    /* the IP/L4 header as seen at this point */
@@ -79,9 +86,9 @@ struct svt_event {
 	__u32 ct_mark;
 	__u32 ct_timeout_ms;     /* time left before the entry expires */
 	__u32 netns_ino;         /* inode of the network namespace it was seen in */
-	__u32 ifindex;           /* in-device for PRE_ROUTING/LOCAL_IN, else out-device */
+	__u32 ifindex;           /* netfilter: in-device on PRE_ROUTING/LOCAL_IN, else out; fib: out */
 	__s32 nf_priority;       /* netfilter: the priority the program ran at */
-	__u32 reason;            /* drop: enum skb_drop_reason; fib: gateway (network order) */
+	__u32 reason;            /* drop: enum skb_drop_reason */
 	__u32 pkt_len;           /* skb->len */
 	__u16 ct_zone;
 	__u8 nf_hook;            /* enum nf_inet_hooks (NF_INET_PRE_ROUTING = 0 ...) */
@@ -89,12 +96,25 @@ struct svt_event {
 	__u8 tcp_flags;          /* FIN=0x01 SYN=0x02 RST=0x04 PSH=0x08 ACK=0x10 */
 	__u8 ct_tcp_state;       /* enum tcp_conntrack */
 	__u8 nf_stage;           /* enum svt_nf_stage */
-	__u8 _pad0;
+	__u8 dir;                /* enum svt_dir */
 	__u32 service_id;        /* value of the matching svt_services entry */
-	__u32 _pad1;
+	__u32 gateway;           /* fib: next-hop gateway, network order; 0 = directly connected */
 	char ifname[16];         /* name of ifindex, read in the kernel */
+	char link_kind[8];       /* rtnl link kind of the device: "veth", "bridge", "vxlan", "" */
+	__u8 icmp_type;          /* ICMP packets (e.g. port unreachable for a REJECT) */
+	__u8 icmp_code;
+	__u8 _pad[6];
 };
-SVT_STATIC_ASSERT(sizeof(struct svt_event) == 144, "svt_event ABI changed");
+SVT_STATIC_ASSERT(sizeof(struct svt_event) == 160, "svt_event ABI changed");
+
+/* Value of the svt_flows map: which tracked flow a wire tuple belongs to. */
+struct svt_flow_ref {
+	__u64 ct_id;
+	__u32 service_id;
+	__u8 dir;  /* enum svt_dir of packets carrying this tuple */
+	__u8 _pad[3];
+};
+SVT_STATIC_ASSERT(sizeof(struct svt_flow_ref) == 16, "svt_flow_ref ABI changed");
 
 /* Key of the svt_services map: a traced ClusterIP/NodePort. */
 struct svt_service_key {

@@ -1,15 +1,20 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * svctrace's kernel side: observe the packets of tracked Service flows at the
- * netfilter hooks around NAT and report what conntrack and NAT did to them.
+ * svctrace's kernel side: follow the packets of tracked Service flows through
+ * the netfilter hooks around NAT, the routing decision, device crossings
+ * (bridge, veth, tunnels, in any network namespace) and drops.
  *
  * A flow is tracked when its conntrack entry's original destination is a
- * traced ClusterIP:port (or any-address:NodePort) in svt_services. Every
- * other packet costs one hash lookup and emits nothing.
+ * traced ClusterIP:port (or any-address:NodePort) in svt_services. Once its
+ * NAT is decided, its four wire tuples (before/after NAT, both directions)
+ * go into svt_flows, so tracepoints that see the packet without conntrack
+ * (inside a pod's namespace, on a tunnel) still recognise it. Packets of
+ * other flows cost one hash lookup per hook and emit nothing.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
+#include <bpf/bpf_tracing.h>
 #include <bpf/bpf_endian.h>
 #include "events.h"
 #include "svctrace.bpf.h"
@@ -17,8 +22,8 @@
 char LICENSE[] SEC("license") = "GPL";
 
 /* Set by the loader when a NodePort (address 0) entry exists, so that plain
- * ClusterIP tracing never pays for the second lookup. Live-tunable on purpose:
- * services are added after load. */
+ * ClusterIP tracing never pays for the second lookup. In .bss, not rodata:
+ * services can change after load. */
 volatile __u32 svt_have_nodeports = 0;
 
 struct {
@@ -28,19 +33,53 @@ struct {
 	__type(value, __u32);
 } svt_services SEC(".maps");
 
-static __always_inline __u32 *service_of_ct(struct nf_conn *ct)
-{
-	struct svt_service_key key = {};
-	__u32 *svc;
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, SVT_MAX_FLOWS * 4);
+	__type(key, struct svt_tuple);
+	__type(value, struct svt_flow_ref);
+} svt_flows SEC(".maps");
 
-	key.addr = BPF_CORE_READ(ct, tuplehash[IP_CT_DIR_ORIGINAL].tuple.dst.u3.ip);
-	key.port = BPF_CORE_READ(ct, tuplehash[IP_CT_DIR_ORIGINAL].tuple.dst.u.all);
-	key.proto = BPF_CORE_READ(ct, tuplehash[IP_CT_DIR_ORIGINAL].tuple.dst.protonum);
-	svc = bpf_map_lookup_elem(&svt_services, &key);
+/*
+ * The routing decision has no skb in its tracepoint. The netfilter hook that
+ * runs just before it on the same CPU (before DNAT on PRE_ROUTING/LOCAL_OUT;
+ * the kernel re-routes right after NAT) leaves the flow here, and the fib
+ * tracepoint reports a lookup whose destination is one of the flow's ends.
+ */
+struct fib_stash {
+	__u64 ct_id;
+	__u64 ts_ns;
+	__u32 service_id;
+	__u8 dir;
+	__u8 _pad[3];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct fib_stash);
+} svt_fib_stash SEC(".maps");
+
+/* A fib lookup further than this from the hook is not the packet's. */
+#define FIB_STASH_MAX_AGE_NS 200000
+
+static __always_inline __u32 *service_lookup(__u32 addr, __u16 port, __u8 proto)
+{
+	struct svt_service_key key = { .addr = addr, .port = port, .proto = proto };
+	__u32 *svc = bpf_map_lookup_elem(&svt_services, &key);
+
 	if (svc || !svt_have_nodeports)
 		return svc;
 	key.addr = 0;
 	return bpf_map_lookup_elem(&svt_services, &key);
+}
+
+static __always_inline __u32 *service_of_ct(struct nf_conn *ct)
+{
+	return service_lookup(BPF_CORE_READ(ct, tuplehash[IP_CT_DIR_ORIGINAL].tuple.dst.u3.ip),
+			      BPF_CORE_READ(ct, tuplehash[IP_CT_DIR_ORIGINAL].tuple.dst.u.all),
+			      BPF_CORE_READ(ct, tuplehash[IP_CT_DIR_ORIGINAL].tuple.dst.protonum));
 }
 
 /* Priority the stage programs are attached at, per hook (see events.h). */
@@ -49,6 +88,48 @@ static __always_inline __s32 nf_priority_of(__u8 hook, __u8 stage)
 	__s32 nat = (hook == NF_INET_PRE_ROUTING || hook == NF_INET_LOCAL_OUT) ?
 			    SVT_NF_PRIO_DNAT : SVT_NF_PRIO_SNAT;
 	return stage == SVT_STAGE_BEFORE_NAT ? nat - 1 : nat + 1;
+}
+
+static __always_inline void flow_ref_put(struct svt_tuple *t, __u64 ct_id, __u32 svc, __u8 dir)
+{
+	struct svt_flow_ref ref = { .ct_id = ct_id, .service_id = svc, .dir = dir };
+
+	bpf_map_update_elem(&svt_flows, t, &ref, BPF_ANY);
+}
+
+static __always_inline void reverse_tuple(struct svt_tuple *dst, const struct svt_tuple *src)
+{
+	dst->saddr = src->daddr;
+	dst->daddr = src->saddr;
+	dst->sport = src->dport;
+	dst->dport = src->sport;
+	dst->proto = src->proto;
+}
+
+/* The flow's four wire tuples: before/after NAT, in both directions. */
+static __always_inline void register_flow(struct svt_event *e)
+{
+	struct svt_tuple t = {};
+
+	flow_ref_put(&e->ct_orig, e->ct_id, e->service_id, SVT_DIR_ORIGINAL);
+	flow_ref_put(&e->ct_reply, e->ct_id, e->service_id, SVT_DIR_REPLY);
+	reverse_tuple(&t, &e->ct_orig);
+	flow_ref_put(&t, e->ct_id, e->service_id, SVT_DIR_REPLY);
+	reverse_tuple(&t, &e->ct_reply);
+	flow_ref_put(&t, e->ct_id, e->service_id, SVT_DIR_ORIGINAL);
+}
+
+static __always_inline void stash_for_fib(struct svt_event *e)
+{
+	__u32 zero = 0;
+	struct fib_stash *st = bpf_map_lookup_elem(&svt_fib_stash, &zero);
+
+	if (!st)
+		return;
+	st->ct_id = e->ct_id;
+	st->ts_ns = e->ts_ns;
+	st->service_id = e->service_id;
+	st->dir = e->dir;
 }
 
 static __always_inline int observe_nf(struct bpf_nf_ctx *ctx, __u8 stage)
@@ -82,8 +163,18 @@ static __always_inline int observe_nf(struct bpf_nf_ctx *ctx, __u8 stage)
 	else
 		dev = BPF_CORE_READ(state, out);
 	fill_dev(e, dev);
-	fill_skb(e, skb);
+	fill_skb(e, skb, BPF_CORE_READ(skb, head) + BPF_CORE_READ(skb, network_header));
 	fill_ct(e, ct, BPF_CORE_READ(skb, _nfct) & SVT_NFCT_INFOMASK);
+
+	/* First packet, NAT fully decided (SNAT hooks run last): remember the
+	 * flow's wire tuples. Confirmation happens after these hooks. */
+	if (stage == SVT_STAGE_AFTER_NAT && !(e->ct_status & IPS_CONFIRMED) &&
+	    (hook == NF_INET_POST_ROUTING || hook == NF_INET_LOCAL_IN)) {
+		register_flow(e);
+		svt_count(SVT_CNT_FLOWS);
+	}
+	if (stage == SVT_STAGE_BEFORE_NAT && (hook == NF_INET_PRE_ROUTING || hook == NF_INET_LOCAL_OUT))
+		stash_for_fib(e);
 	svt_submit(e);
 	return NF_ACCEPT;
 }
@@ -98,4 +189,152 @@ SEC("netfilter")
 int svt_nf_after_nat(struct bpf_nf_ctx *ctx)
 {
 	return observe_nf(ctx, SVT_STAGE_AFTER_NAT);
+}
+
+/* Reads the IPv4 tuple at `nh` and finds its tracked flow, if any. */
+static __always_inline struct svt_flow_ref *flow_of_packet(unsigned char *nh, struct svt_tuple *t)
+{
+	if (read_tuple_at(t, nh))
+		return NULL;
+	return bpf_map_lookup_elem(&svt_flows, t);
+}
+
+static __always_inline int observe_dev(struct sk_buff *skb, __u16 kind)
+{
+	struct svt_flow_ref *ref;
+	struct svt_tuple t = {};
+	struct svt_event *e;
+	unsigned char *nh;
+
+	if (BPF_CORE_READ(skb, protocol) != bpf_htons(ETH_P_IP))
+		return 0;
+	/* On receive the network header offset is reset only after this
+	 * tracepoint; skb->data already points at the IP header. */
+	nh = kind == SVT_EV_DEV_RECV ? BPF_CORE_READ(skb, data) :
+				       BPF_CORE_READ(skb, head) + BPF_CORE_READ(skb, network_header);
+	ref = flow_of_packet(nh, &t);
+	if (!ref)
+		return 0;
+	e = svt_reserve(kind);
+	if (!e)
+		return 0;
+	e->ct_id = ref->ct_id;
+	e->service_id = ref->service_id;
+	e->dir = ref->dir;
+	fill_skb(e, skb, nh);
+	fill_dev(e, BPF_CORE_READ(skb, dev));
+	svt_submit(e);
+	return 0;
+}
+
+SEC("tp_btf/net_dev_queue")
+int BPF_PROG(svt_dev_xmit, struct sk_buff *skb)
+{
+	return observe_dev(skb, SVT_EV_DEV_XMIT);
+}
+
+SEC("tp_btf/netif_receive_skb")
+int BPF_PROG(svt_dev_recv, struct sk_buff *skb)
+{
+	return observe_dev(skb, SVT_EV_DEV_RECV);
+}
+
+SEC("tp_btf/kfree_skb")
+int BPF_PROG(svt_drop, struct sk_buff *skb, void *location, enum skb_drop_reason reason)
+{
+	struct svt_flow_ref *ref = NULL;
+	struct svt_tuple t = {};
+	struct nf_conn *ct;
+	struct svt_event *e;
+	unsigned char *nh;
+	__u32 *svc = NULL;
+	__u32 svc_id;
+
+	if (BPF_CORE_READ(skb, protocol) != bpf_htons(ETH_P_IP))
+		return 0;
+	nh = BPF_CORE_READ(skb, head) + BPF_CORE_READ(skb, network_header);
+	ct = ct_of_skb(skb);
+	if (ct) {
+		svc = service_of_ct(ct);
+	} else {
+		ref = flow_of_packet(nh, &t);
+		/* A first packet dropped before conntrack kept it (table full):
+		 * recognise it by its destination. */
+		if (!ref && t.proto)
+			svc = service_lookup(t.daddr, t.dport, t.proto);
+	}
+	if (!svc && !ref)
+		return 0;
+	svc_id = svc ? *svc : ref->service_id;
+
+	e = svt_reserve(SVT_EV_DROP);
+	if (!e)
+		return 0;
+	e->reason = reason;
+	e->service_id = svc_id;
+	fill_skb(e, skb, nh);
+	fill_dev(e, BPF_CORE_READ(skb, dev));
+	if (ct) {
+		fill_ct(e, ct, BPF_CORE_READ(skb, _nfct) & SVT_NFCT_INFOMASK);
+	} else if (ref) {
+		e->ct_id = ref->ct_id;
+		e->dir = ref->dir;
+	}
+	svt_submit(e);
+	return 0;
+}
+
+SEC("tp_btf/fib_table_lookup")
+int BPF_PROG(svt_fib, u32 tb_id, const struct flowi4 *flp, const struct fib_nh_common *nhc, int err)
+{
+	__u32 zero = 0;
+	struct fib_stash *st;
+	struct net_device *dev;
+	struct svt_event *e;
+	struct nf_conn *ct;
+	__u32 daddr, want;
+	__u64 now;
+
+	if (err || !nhc)
+		return 0;
+	st = bpf_map_lookup_elem(&svt_fib_stash, &zero);
+	if (!st || !st->ct_id)
+		return 0;
+	now = bpf_ktime_get_ns();
+	if (now - st->ts_ns > FIB_STASH_MAX_AGE_NS)
+		return 0;
+	/* Original direction: the lookup for the backend, once DNAT is done
+	 * (read now: at the stashing hook DNAT had not happened yet). Reply: the
+	 * lookup for the client. Other lookups in between (address-type checks
+	 * of the rules, the re-route's source check) are not this decision. */
+	ct = (struct nf_conn *)st->ct_id;
+	daddr = BPF_CORE_READ(flp, daddr);
+	if (st->dir == SVT_DIR_ORIGINAL) {
+		want = BPF_CORE_READ(ct, tuplehash[IP_CT_DIR_REPLY].tuple.src.u3.ip);
+		if (want == BPF_CORE_READ(ct, tuplehash[IP_CT_DIR_ORIGINAL].tuple.dst.u3.ip))
+			return 0; /* not DNATed (yet) */
+	} else {
+		want = BPF_CORE_READ(ct, tuplehash[IP_CT_DIR_ORIGINAL].tuple.src.u3.ip);
+	}
+	if (daddr != want)
+		return 0;
+
+	e = svt_reserve(SVT_EV_FIB);
+	if (!e)
+		return 0;
+	e->ct_id = st->ct_id;
+	e->service_id = st->service_id;
+	e->dir = st->dir;
+	e->pkt.saddr = BPF_CORE_READ(flp, saddr);
+	e->pkt.daddr = daddr;
+	e->pkt.proto = BPF_CORE_READ(flp, __fl_common.flowic_proto);
+	e->reason = tb_id; /* routing table id */
+	if (BPF_CORE_READ(nhc, nhc_gw_family) == 2 /* AF_INET */)
+		e->gateway = BPF_CORE_READ(nhc, nhc_gw.ipv4);
+	dev = BPF_CORE_READ(nhc, nhc_dev);
+	fill_dev(e, dev);
+	/* One report per packet: the next lookup needs a new hook visit. */
+	st->ct_id = 0;
+	svt_submit(e);
+	return 0;
 }

@@ -8,6 +8,7 @@
 
 #define NF_ACCEPT 1
 #define SVT_NFCT_INFOMASK 7UL /* low bits of skb->_nfct hold enum ip_conntrack_info */
+#define ETH_P_IP 0x0800
 
 extern unsigned int CONFIG_HZ __kconfig;
 
@@ -61,7 +62,7 @@ static __always_inline struct nf_conn *ct_of_skb(struct sk_buff *skb)
 	return (struct nf_conn *)(nfct & ~SVT_NFCT_INFOMASK);
 }
 
-static __always_inline void read_tuple(struct svt_tuple *t, struct nf_conntrack_tuple *kt)
+static __always_inline void read_ct_tuple(struct svt_tuple *t, struct nf_conntrack_tuple *kt)
 {
 	t->saddr = BPF_CORE_READ(kt, src.u3.ip);
 	t->daddr = BPF_CORE_READ(kt, dst.u3.ip);
@@ -76,9 +77,10 @@ static __always_inline void fill_ct(struct svt_event *e, struct nf_conn *ct, __u
 
 	e->ct_id = (__u64)ct;
 	e->ctinfo = ctinfo;
+	e->dir = ctinfo >= IP_CT_IS_REPLY ? SVT_DIR_REPLY : SVT_DIR_ORIGINAL;
 	e->ct_status = BPF_CORE_READ(ct, status);
-	read_tuple(&e->ct_orig, &ct->tuplehash[IP_CT_DIR_ORIGINAL].tuple);
-	read_tuple(&e->ct_reply, &ct->tuplehash[IP_CT_DIR_REPLY].tuple);
+	read_ct_tuple(&e->ct_orig, &ct->tuplehash[IP_CT_DIR_ORIGINAL].tuple);
+	read_ct_tuple(&e->ct_reply, &ct->tuplehash[IP_CT_DIR_REPLY].tuple);
 	if (bpf_core_field_exists(ct->mark))
 		e->ct_mark = BPF_CORE_READ(ct, mark);
 	if (bpf_core_field_exists(ct->zone))
@@ -96,35 +98,62 @@ static __always_inline void fill_ct(struct svt_event *e, struct nf_conn *ct, __u
 
 static __always_inline void fill_dev(struct svt_event *e, struct net_device *dev)
 {
+	const char *kind;
+
 	if (!dev)
 		return;
 	e->ifindex = BPF_CORE_READ(dev, ifindex);
 	bpf_probe_read_kernel_str(e->ifname, sizeof(e->ifname), dev->name);
+	if (!e->netns_ino)
+		e->netns_ino = BPF_CORE_READ(dev, nd_net.net, ns.inum);
+	kind = BPF_CORE_READ(dev, rtnl_link_ops, kind);
+	if (kind)
+		bpf_probe_read_kernel_str(e->link_kind, sizeof(e->link_kind), kind);
 }
 
-/* Read the IPv4 header and L4 ports of skb at its network header. */
-static __always_inline void fill_skb(struct svt_event *e, struct sk_buff *skb)
+/* Reads the IPv4 5-tuple of the packet whose IP header is at nh. Returns
+ * non-zero when it is not IPv4. ICMP type/code land in sport/dport's place
+ * only in the event (fill_skb), never in map keys. */
+static __always_inline int read_tuple_at(struct svt_tuple *t, unsigned char *nh)
 {
-	unsigned char *head = BPF_CORE_READ(skb, head);
-	__u16 nh = BPF_CORE_READ(skb, network_header);
+	struct iphdr iph;
+	__u16 ports[2];
+
+	if (bpf_probe_read_kernel(&iph, sizeof(iph), nh) || iph.version != 4)
+		return -1;
+	t->saddr = iph.saddr;
+	t->daddr = iph.daddr;
+	t->proto = iph.protocol;
+	if (iph.protocol != IPPROTO_TCP && iph.protocol != IPPROTO_UDP && iph.protocol != IPPROTO_SCTP)
+		return 0;
+	if (bpf_probe_read_kernel(ports, sizeof(ports), nh + iph.ihl * 4))
+		return 0;
+	t->sport = ports[0];
+	t->dport = ports[1];
+	return 0;
+}
+
+/* Fills the packet fields from the IP header at nh. */
+static __always_inline void fill_skb(struct svt_event *e, struct sk_buff *skb, unsigned char *nh)
+{
 	struct iphdr iph;
 	__u8 l4[14];
 
 	e->skb_id = (__u64)skb;
 	e->pkt_len = BPF_CORE_READ(skb, len);
-	if (bpf_probe_read_kernel(&iph, sizeof(iph), head + nh) || iph.version != 4)
+	if (read_tuple_at(&e->pkt, nh))
 		return;
-	e->pkt.saddr = iph.saddr;
-	e->pkt.daddr = iph.daddr;
-	e->pkt.proto = iph.protocol;
-	if (iph.protocol != IPPROTO_TCP && iph.protocol != IPPROTO_UDP)
+	if (bpf_probe_read_kernel(&iph, sizeof(iph), nh))
 		return;
-	if (bpf_probe_read_kernel(l4, sizeof(l4), head + nh + iph.ihl * 4))
-		return;
-	__builtin_memcpy(&e->pkt.sport, &l4[0], 2);
-	__builtin_memcpy(&e->pkt.dport, &l4[2], 2);
-	if (iph.protocol == IPPROTO_TCP)
-		e->tcp_flags = l4[13];
+	if (iph.protocol == IPPROTO_TCP) {
+		if (!bpf_probe_read_kernel(l4, sizeof(l4), nh + iph.ihl * 4))
+			e->tcp_flags = l4[13];
+	} else if (iph.protocol == IPPROTO_ICMP) {
+		if (!bpf_probe_read_kernel(l4, 2, nh + iph.ihl * 4)) {
+			e->icmp_type = l4[0];
+			e->icmp_code = l4[1];
+		}
+	}
 }
 
 #endif /* SVCTRACE_BPF_H */

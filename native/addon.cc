@@ -2,6 +2,7 @@
 // probes used by `svctrace doctor`, and the event layout used by the decoder.
 #include <napi.h>
 
+#include "drop_reasons.h"
 #include "errors.h"
 #include "layout.h"
 #include "probe.h"
@@ -13,6 +14,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   svt::InstallLibbpfLogger();
   exports.Set("Tracer", svt::Tracer::Init(env));
   exports.Set("probeFeatures", Napi::Function::New(env, svt::ProbeFeatures, "probeFeatures"));
+  exports.Set("dropReasons", Napi::Function::New(env, svt::DropReasons, "dropReasons"));
   exports.Set("layout", Napi::Function::New(env, svt::Layout, "layout"));
   return exports;
 }

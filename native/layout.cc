@@ -62,8 +62,13 @@ Napi::Value Layout(const Napi::CallbackInfo& info) {
   SVT_FIELD(ev, svt_event, tcp_flags);
   SVT_FIELD(ev, svt_event, ct_tcp_state);
   SVT_FIELD(ev, svt_event, nf_stage);
+  SVT_FIELD(ev, svt_event, dir);
   SVT_FIELD(ev, svt_event, service_id);
+  SVT_FIELD(ev, svt_event, gateway);
   SVT_FIELD(ev, svt_event, ifname);
+  SVT_FIELD(ev, svt_event, link_kind);
+  SVT_FIELD(ev, svt_event, icmp_type);
+  SVT_FIELD(ev, svt_event, icmp_code);
   out.Set("svt_event", StructLayout(env, sizeof(svt_event), ev));
 
   Napi::Object kinds = Napi::Object::New(env);
@@ -72,6 +77,7 @@ Napi::Value Layout(const Napi::CallbackInfo& info) {
   kinds.Set("DEV_RECV", Napi::Number::New(env, SVT_EV_DEV_RECV));
   kinds.Set("DROP", Napi::Number::New(env, SVT_EV_DROP));
   kinds.Set("FIB", Napi::Number::New(env, SVT_EV_FIB));
+  kinds.Set("CT_DESTROY", Napi::Number::New(env, SVT_EV_CT_DESTROY));
   out.Set("kinds", kinds);
 
   Napi::Object consts = Napi::Object::New(env);
@@ -80,6 +86,8 @@ Napi::Value Layout(const Napi::CallbackInfo& info) {
   consts.Set("MAX_SERVICES", Napi::Number::New(env, SVT_MAX_SERVICES));
   consts.Set("STAGE_BEFORE_NAT", Napi::Number::New(env, SVT_STAGE_BEFORE_NAT));
   consts.Set("STAGE_AFTER_NAT", Napi::Number::New(env, SVT_STAGE_AFTER_NAT));
+  consts.Set("DIR_ORIGINAL", Napi::Number::New(env, SVT_DIR_ORIGINAL));
+  consts.Set("DIR_REPLY", Napi::Number::New(env, SVT_DIR_REPLY));
   out.Set("consts", consts);
   return out;
 }

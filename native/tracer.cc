@@ -77,6 +77,9 @@ void Tracer::Destroy() {
   napi_remove_env_cleanup_hook(env_, &Tracer::CleanupHook, this);
   if (reader_) reader_->Stop();
   reader_.reset();
+  for (auto& l : ct_listeners_) l->Stop();
+  ct_listeners_.clear();
+  on_batch_.Reset();
   // Detach first: the kernel stops running the programs before they go.
   for (bpf_link* l : links_) bpf_link__destroy(l);
   links_.clear();
@@ -95,6 +98,11 @@ Napi::Value Tracer::Load(const Napi::CallbackInfo& info) {
   ClearLibbpfLog();
   int err = svctrace_bpf__load(skel_);
   if (err) ThrowErrno(info.Env(), "bpf_object__load", err);
+  // Tracepoints (device crossings, drops, routing) are global; the skeleton
+  // attaches them. Netfilter programs have no auto-attach: they are attached
+  // per namespace by attachNetfilter().
+  err = svctrace_bpf__attach(skel_);
+  if (err) ThrowErrno(info.Env(), "bpf_program__attach_trace", err);
   loaded_ = true;
   return info.Env().Undefined();
 }
@@ -143,6 +151,9 @@ Napi::Value Tracer::SetServices(const Napi::CallbackInfo& info) {
     if (bpf_map_update_elem(fd, &key, &id, BPF_ANY) != 0) ThrowErrno(env, "bpf_map_update_elem", errno, "svt_services");
   }
   skel_->bss->svt_have_nodeports = have_nodeports ? 1 : 0;
+  std::vector<svt_service_key> keys;
+  for (auto& kv : entries) keys.push_back(kv.first);
+  services_->Replace(keys);
   return Napi::Number::New(env, entries.size());
 }
 
@@ -154,6 +165,10 @@ Napi::Value Tracer::AttachNetfilter(const Napi::CallbackInfo& info) {
   RequireLoaded(env, "attachNetfilter");
   if (!info[0].IsString()) throw Napi::TypeError::New(env, "attachNetfilter(netnsPath): netnsPath must be a string");
   std::string path = info[0].As<Napi::String>();
+
+  // Conntrack DESTROY events of this namespace: how flows are seen to end.
+  auto listener = std::make_unique<CtListener>(env, path, NetnsInode(path), services_,
+                                               bpf_map__fd(skel_->maps.svt_flows));
 
   std::vector<bpf_link*> attached;
   NetnsResult r = RunInNetns(path, [&](NetnsResult& res) {
@@ -176,6 +191,8 @@ Napi::Value Tracer::AttachNetfilter(const Napi::CallbackInfo& info) {
     ThrowErrno(env, r.op, r.err, r.detail);
   }
   links_.insert(links_.end(), attached.begin(), attached.end());
+  if (!on_batch_.IsEmpty()) listener->Start(env, on_batch_.Value());
+  ct_listeners_.push_back(std::move(listener));
   Napi::Object out = Napi::Object::New(env);
   out.Set("netnsIno", Napi::Number::New(env, (double)NetnsInode(path)));
   out.Set("links", Napi::Number::New(env, attached.size()));
@@ -187,8 +204,11 @@ Napi::Value Tracer::Start(const Napi::CallbackInfo& info) {
   RequireLoaded(env, "start");
   if (!info[0].IsFunction()) throw Napi::TypeError::New(env, "start(onBatch): onBatch must be a function");
   if (reader_) throw Napi::Error::New(env, "Tracer.start(): already started");
-  reader_ = std::make_unique<RingReader>(env, bpf_map__fd(skel_->maps.svt_events), info[0].As<Napi::Function>());
+  Napi::Function fn = info[0].As<Napi::Function>();
+  on_batch_ = Napi::Persistent(fn);
+  reader_ = std::make_unique<RingReader>(env, bpf_map__fd(skel_->maps.svt_events), fn);
   reader_->Start();
+  for (auto& l : ct_listeners_) l->Start(env, fn);
   return env.Undefined();
 }
 
@@ -215,6 +235,13 @@ Napi::Value Tracer::Stats(const Napi::CallbackInfo& info) {
   out.Set("readerDropped", Napi::Number::New(env, reader_ ? (double)reader_->records_dropped() : 0));
   out.Set("malformed", Napi::Number::New(env, reader_ ? (double)reader_->malformed() : 0));
   out.Set("links", Napi::Number::New(env, links_.size()));
+  uint64_t ct_events = 0, ct_overruns = 0;
+  for (auto& l : ct_listeners_) {
+    ct_events += l->events();
+    ct_overruns += l->overruns();
+  }
+  out.Set("ctDestroyEvents", Napi::Number::New(env, (double)ct_events));
+  out.Set("ctOverruns", Napi::Number::New(env, (double)ct_overruns));
   return out;
 }
 

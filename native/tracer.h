@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "ct_listener.h"
 #include "ring_reader.h"
+#include "service_set.h"
 
 struct svctrace_bpf;
 struct bpf_link;
@@ -41,6 +43,9 @@ class Tracer : public Napi::ObjectWrap<Tracer> {
   bool closed_ = false;
   std::vector<bpf_link*> links_;
   std::unique_ptr<RingReader> reader_;
+  std::shared_ptr<ServiceSet> services_ = std::make_shared<ServiceSet>();
+  std::vector<std::unique_ptr<CtListener>> ct_listeners_;
+  Napi::FunctionReference on_batch_;
 };
 
 }  // namespace svt

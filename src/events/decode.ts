@@ -45,8 +45,16 @@ export interface KernelEvent {
   tcpFlags: number;
   ctTcpState: number;
   nfStage: number;
+  /** 0 original (client -> service), 1 reply. */
+  dir: number;
   serviceId: number;
+  /** Next-hop gateway of a routing decision; '' when directly connected. */
+  gateway: string;
   ifname: string;
+  /** rtnl link kind of the device: 'veth', 'bridge', 'vxlan', '' (physical, loopback). */
+  linkKind: string;
+  icmpType: number;
+  icmpCode: number;
 }
 
 export class DecodeError extends Error {
@@ -116,8 +124,13 @@ function decodeAt(dv: DataView, b: Uint8Array, o: number): KernelEvent {
     tcpFlags: dv.getUint8(o + F.tcp_flags[0]),
     ctTcpState: dv.getUint8(o + F.ct_tcp_state[0]),
     nfStage: dv.getUint8(o + F.nf_stage[0]),
+    dir: dv.getUint8(o + F.dir[0]),
     serviceId: dv.getUint32(o + F.service_id[0], true),
+    gateway: dv.getUint32(o + F.gateway[0], true) === 0 ? '' : ipv4(b, o + F.gateway[0]),
     ifname: cString(b, o + F.ifname[0], F.ifname[1]),
+    linkKind: cString(b, o + F.link_kind[0], F.link_kind[1]),
+    icmpType: dv.getUint8(o + F.icmp_type[0]),
+    icmpCode: dv.getUint8(o + F.icmp_code[0]),
   };
 }
 

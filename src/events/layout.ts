@@ -10,7 +10,7 @@ export const TUPLE = {
 } as const;
 
 export const EVENT = {
-  size: 144,
+  size: 160,
   fields: {
     kind: [0, 2],
     size: [2, 2],
@@ -35,17 +35,25 @@ export const EVENT = {
     tcp_flags: [116, 1],
     ct_tcp_state: [117, 1],
     nf_stage: [118, 1],
+    dir: [119, 1],
     service_id: [120, 4],
+    gateway: [124, 4],
     ifname: [128, 16],
+    link_kind: [144, 8],
+    icmp_type: [152, 1],
+    icmp_code: [153, 1],
   },
 } as const;
 
 /** enum svt_event_kind */
-export const EventKind = { NF: 1, DEV_XMIT: 2, DEV_RECV: 3, DROP: 4, FIB: 5 } as const;
+export const EventKind = { NF: 1, DEV_XMIT: 2, DEV_RECV: 3, DROP: 4, FIB: 5, CT_DESTROY: 6 } as const;
 export type EventKindValue = (typeof EventKind)[keyof typeof EventKind];
 
 /** enum svt_nf_stage */
 export const NfStage = { BEFORE_NAT: 0, AFTER_NAT: 1 } as const;
+
+/** enum svt_dir */
+export const Dir = { ORIGINAL: 0, REPLY: 1 } as const;
 
 /** Netfilter priorities of kernel NAT (SVT_NF_PRIO_*). */
 export const NF_PRIO_DNAT = -100;

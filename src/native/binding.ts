@@ -51,6 +51,8 @@ export interface NativeStats {
   readerDropped: number;
   malformed: number;
   links: number;
+  ctDestroyEvents: number;
+  ctOverruns: number;
 }
 
 export interface NativeTracer {
@@ -66,6 +68,7 @@ export interface NativeBinding {
   Tracer: new () => NativeTracer;
   probeFeatures(): NativeFeatures;
   layout(): NativeLayout;
+  dropReasons(): Record<string, string>;
 }
 
 /** Where the addon is built: build/Release under the package root. */
