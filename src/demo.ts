@@ -1,48 +1,85 @@
 /**
  * The demo: svctrace's main job on the built-in lab. Stands up a simulated
- * node in network namespaces, traces its web Service, curls it from the node
- * and through the NodePort from a client namespace, prints what the kernel
- * did, and tears everything down.
+ * node in network namespaces, traces its Services, sends traffic the way a
+ * user would (curl to the ClusterIP from the node, curl to the NodePort from
+ * a client, a DNS-like UDP query, a Service without endpoints), prints each
+ * flow's timeline and a summary, and tears everything down.
  */
 import { SvctraceError } from './errors';
-import { KernelEvent } from './events/decode';
 import { Lab } from './lab/lab';
+import { runIn } from './lab/exec';
 import { parseNodePortSpec, parseServiceSpec } from './net/ipv4';
-import { formatEventText } from './output/event-text';
-import { TraceSession } from './tracer/session';
+import { FlowTextPrinter, formatSummary } from './output/flow-text';
+import { FlowTracer } from './tracer/flow-tracer';
 
-export async function runDemo(opts: { requests: number; out?: NodeJS.WritableStream }): Promise<void> {
+function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+export async function runDemo(opts: { requests: number; out?: NodeJS.WritableStream; color?: boolean }): Promise<void> {
   const out = opts.out ?? process.stdout;
+  const say = (s: string) => out.write(s + '\n');
   if (!Number.isInteger(opts.requests) || opts.requests < 1 || opts.requests > 1000) {
     throw new SvctraceError('BAD_INPUT', '--requests must be 1..1000');
   }
-  out.write('svctrace demo: building the lab (network namespaces only)...\n');
+  say('svctrace demo: building the lab (network namespaces only)...');
   const lab = await Lab.up();
-  let session: TraceSession | undefined;
+  let tracer: FlowTracer | undefined;
   try {
     const web = lab.service('web');
-    out.write(`  node netns ${lab.nodeNetns}, ${lab.pods.length} pods: ${lab.pods.map((p) => `${p.name}=${p.ip}`).join(' ')}\n`);
-    out.write(`  service default/web ClusterIP ${web.clusterIP}:${web.port}, NodePort ${web.nodePort}\n`);
-    const events: KernelEvent[] = [];
-    session = TraceSession.start({
-      services: [parseServiceSpec(`${web.clusterIP}:${web.port}`), parseNodePortSpec(String(web.nodePort))],
+    const dns = lab.service('kube-dns');
+    const empty = lab.service('empty');
+    say(`  node ${lab.nodeNetns}; pods ${lab.pods.map((p) => `${p.name}=${p.ip}`).join(' ')}`);
+    say(`  default/web ${web.clusterIP}:${web.port} (NodePort ${web.nodePort}), kube-system/kube-dns ${dns.clusterIP}:53/udp, default/empty ${empty.clusterIP}:80 (no endpoints)\n`);
+    const color = opts.color ?? (!!(out as NodeJS.WriteStream).isTTY && !process.env.NO_COLOR);
+    let printer: FlowTextPrinter | undefined;
+    tracer = FlowTracer.start({
+      services: [
+        parseServiceSpec(`${web.clusterIP}:${web.port}`),
+        parseNodePortSpec(String(web.nodePort)),
+        parseServiceSpec(`${dns.clusterIP}:${dns.port}/udp`),
+        parseServiceSpec(`${empty.clusterIP}:${empty.port}`),
+      ],
       netns: [lab.nodeNetns],
-      onEvents: (b) => events.push(...b),
+      onIngested: (items) => printer?.print(items),
     });
+    const t = tracer;
+    printer = new FlowTextPrinter((s) => out.write(s), color, (a) => t.backendName(a));
+
     for (let i = 0; i < opts.requests; i++) {
       const r = await lab.curl(`http://${web.clusterIP}:${web.port}/`);
-      out.write(`  curl ${web.clusterIP}:${web.port} from the node -> ${r.ok ? r.body.trim() : `failed: ${r.stderr.trim()}`}\n`);
+      say(`$ curl ${web.clusterIP}:${web.port}  (from the node) -> ${r.ok ? r.body.trim() : `failed: ${r.stderr.trim()}`}`);
+      await sleep(50);
     }
     const np = await lab.curl(`http://${lab.nodeIPForClient()}:${web.nodePort}/`, 'client');
-    out.write(`  curl NodePort from the client -> ${np.ok ? np.body.trim() : `failed: ${np.stderr.trim()}`}\n`);
-    const stats = await session.stop();
-    const t0 = events[0]?.tsNs ?? 0n;
-    out.write(`\nwhat the kernel did (${events.length} events):\n`);
-    for (const e of events) out.write(formatEventText(e, t0) + '\n');
-    out.write(`\n${stats.recordsRead} events in ${stats.batchCallbacks} batches, ${stats.ringbufLost} lost\n`);
+    say(`$ curl ${lab.nodeIPForClient()}:${web.nodePort}  (NodePort, from the client) -> ${np.ok ? np.body.trim() : `failed: ${np.stderr.trim()}`}`);
+    await sleep(50);
+    const udp = await runIn(lab.nodeNetns, [process.execPath, '-e', UDP_QUERY, dns.clusterIP, String(dns.port)], { allowFail: true });
+    say(`$ udp query ${dns.clusterIP}:53 -> ${udp.stdout.trim() || udp.stderr.trim()}`);
+    await sleep(50);
+    const e = await lab.curl(`http://${empty.clusterIP}:${empty.port}/`);
+    say(`$ curl ${empty.clusterIP}  (no endpoints) -> ${e.ok ? e.body.trim() : `failed: ${e.stderr.trim()}`}`);
+    // Conntrack reaps expired entries lazily; the lab asks it to now so the
+    // flows' ends (DESTROY) show up before the demo exits.
+    await sleep(2500);
+    await lab.reapConntrack();
+    await sleep(300);
+    const { summary, stats } = await tracer.stop();
+    say('');
+    say(formatSummary(summary, stats, (a) => t.backendName(a)));
+    say(`  pods' own logs: ${lab.pods.map((p) => `${p.name}=${lab.served.filter((s) => s.pod === p.name).length}`).join(' ')}`);
   } finally {
-    session?.tracer.close();
+    await tracer?.stop();
     await lab.down();
-    out.write(`lab torn down (${lab.leftovers().length} namespaces left)\n`);
+    say(`lab torn down (${lab.leftovers().length} namespaces left)`);
   }
 }
+
+/** A one-shot UDP request/response, run inside a lab namespace. */
+export const UDP_QUERY = `
+const s = require('node:dgram').createSocket('udp4');
+const [addr, port] = process.argv.slice(1);
+const t = setTimeout(() => { console.log('timeout'); process.exit(1); }, 2000);
+s.on('message', (m) => { console.log(String(m).trim()); clearTimeout(t); s.close(); });
+s.send('query', Number(port), addr);
+`;

@@ -270,6 +270,15 @@ export class Lab {
     return LAB_ADDR.nodeIP;
   }
 
+  /**
+   * Makes conntrack destroy the node's expired entries now. The kernel reaps
+   * them lazily (its GC may wait up to a minute); a table dump reaps the
+   * expired entries it walks over, which emits their DESTROY events.
+   */
+  async reapConntrack(): Promise<void> {
+    await runIn(this.nodeNetns, ['conntrack', '-L'], { allowFail: true });
+  }
+
   podByIP(ip: string): LabPod | undefined {
     return this.pods.find((p) => p.ip === ip);
   }

@@ -1,0 +1,450 @@
+/**
+ * The flow model: correlates kernel events from every hook into one flow per
+ * connection (one conntrack entry), classifies each event into the stages of
+ * a Service request, and keeps per-flow state, counters and timeline.
+ *
+ * Keys: the nf_conn kernel address the BPF side reports (ct_id); conntrack
+ * DESTROY messages from netlink carry no address, so they find their flow by
+ * (namespace, original tuple). A kernel address can be reused after the
+ * entry dies, so a NEW entry at a known address starts a new flow.
+ */
+import Long from 'long';
+import { svctrace } from '../gen/svctrace';
+import { KernelEvent, Tuple } from '../events/decode';
+import { Dir, EventKind, NfStage } from '../events/layout';
+import { ctStatusNames, IPS_CONFIRMED, IPS_DST_NAT, IPS_SRC_NAT, NF_HOOK_NAMES, PROTO_NAMES, TCP_CT_STATES } from '../events/conntrack';
+import { ServiceSpec } from '../net/ipv4';
+import { toProtoEvent } from './to-proto';
+
+import pb = svctrace.v1;
+const Stage = pb.Stage;
+
+/** Drop reasons that are normal end-of-life of a packet, not failures. */
+const BENIGN_DROPS = new Set(['QUEUE_PURGE', 'SOCKET_CLOSE', 'TCP_CLOSE']);
+
+export interface TimelineEntry {
+  tsNs: bigint;
+  stage: pb.Stage;
+  summary: string;
+  /** First occurrence of this milestone in the flow (what text output prints). */
+  milestone: boolean;
+}
+
+export interface Flow {
+  id: number;
+  key: string;
+  service: string;
+  serviceId: number;
+  proto: number;
+  /** Original tuple: client -> service address. */
+  orig: Tuple;
+  /** Reply tuple: backend -> what the backend sees. */
+  reply: Tuple;
+  ctId: string;
+  nodeNetnsIno: number;
+  backendNetns?: string;
+  status: number;
+  tcpState: number;
+  dnat: boolean;
+  masqueraded: boolean;
+  packets: [number, number];
+  bytes: [number, number];
+  firstTsNs: bigint;
+  lastTsNs: bigint;
+  closed: boolean;
+  closedTsNs?: bigint;
+  drops: string[];
+  reset: boolean;
+  icmpErrors: string[];
+  timeline: TimelineEntry[];
+  /** Milestones already reported, e.g. 'dnat', 'dev:0:veth2:123'. */
+  seen: Set<string>;
+}
+
+export interface Ingested {
+  flow: Flow;
+  event: pb.IEvent;
+  entry: TimelineEntry;
+}
+
+export interface FlowTableOptions {
+  services: ServiceSpec[];
+  dropReasons?: Record<string, string>;
+  netnsName?: (inode: number) => string | undefined;
+  /** How long a closed flow stays before it is expired (default 5 s). */
+  closeGraceMs?: number;
+  /** Flows with no event for this long are expired (default 10 min). */
+  idleMs?: number;
+  /** At most this many flows are kept; the oldest go first (default 100k). */
+  maxFlows?: number;
+  /** Timeline entries kept per flow (default 256); counters keep counting. */
+  maxTimeline?: number;
+}
+
+export interface FlowSummary {
+  flows: number;
+  closed: number;
+  perBackend: Record<string, number>;
+  dropsByReason: Record<string, number>;
+  resets: number;
+}
+
+export function tupleKey(t: Tuple): string {
+  return `${t.proto}|${t.saddr}:${t.sport}>${t.daddr}:${t.dport}`;
+}
+
+export function endpoint(addr: string, port: number): string {
+  return `${addr}:${port}`;
+}
+
+export function serviceLabel(s: ServiceSpec): string {
+  return `${s.address ?? '*'}:${s.port}/${s.proto}`;
+}
+
+export class FlowTable {
+  private readonly byKey = new Map<string, Flow>();
+  private readonly byTuple = new Map<string, Flow>();
+  private nextId = 1;
+  private readonly opts: Required<Omit<FlowTableOptions, 'netnsName' | 'dropReasons'>> & Pick<FlowTableOptions, 'netnsName'>;
+  private readonly dropReasons: Record<string, string>;
+  private readonly summaryCounters: FlowSummary = { flows: 0, closed: 0, perBackend: {}, dropsByReason: {}, resets: 0 };
+
+  constructor(opts: FlowTableOptions) {
+    this.opts = {
+      services: opts.services,
+      netnsName: opts.netnsName,
+      closeGraceMs: opts.closeGraceMs ?? 5000,
+      idleMs: opts.idleMs ?? 600_000,
+      maxFlows: opts.maxFlows ?? 100_000,
+      maxTimeline: opts.maxTimeline ?? 256,
+    };
+    this.dropReasons = opts.dropReasons ?? {};
+  }
+
+  get size(): number {
+    return this.byKey.size;
+  }
+
+  flows(): Flow[] {
+    return [...this.byKey.values()];
+  }
+
+  summary(): FlowSummary {
+    return structuredClone(this.summaryCounters);
+  }
+
+  private serviceName(id: number): string {
+    const s = this.opts.services[id - 1];
+    return s ? serviceLabel(s) : `service#${id}`;
+  }
+
+  dropReasonName(reason: number): string {
+    return this.dropReasons[String(reason)] ?? `reason ${reason}`;
+  }
+
+  /** Ingests a batch; events are processed in kernel-timestamp order. */
+  ingest(events: KernelEvent[]): Ingested[] {
+    const sorted = events.length > 1 ? [...events].sort((a, b) => (a.tsNs < b.tsNs ? -1 : a.tsNs > b.tsNs ? 1 : 0)) : events;
+    const out: Ingested[] = [];
+    for (const e of sorted) {
+      const r = this.ingestOne(e);
+      if (r) out.push(r);
+    }
+    return out;
+  }
+
+  private newFlow(key: string, e: KernelEvent, orig: Tuple): Flow {
+    if (this.byKey.size >= this.opts.maxFlows) this.evictOldest();
+    const f: Flow = {
+      id: this.nextId++,
+      key,
+      service: this.serviceName(e.serviceId),
+      serviceId: e.serviceId,
+      proto: orig.proto,
+      orig,
+      reply: e.ctReply.proto ? e.ctReply : orig,
+      ctId: e.ctId,
+      nodeNetnsIno: e.kind === EventKind.NF ? e.netnsIno : 0,
+      status: 0,
+      tcpState: 0,
+      dnat: false,
+      masqueraded: false,
+      packets: [0, 0],
+      bytes: [0, 0],
+      firstTsNs: e.tsNs,
+      lastTsNs: e.tsNs,
+      closed: false,
+      drops: [],
+      reset: false,
+      icmpErrors: [],
+      timeline: [],
+      seen: new Set(),
+    };
+    this.byKey.set(key, f);
+    this.byTuple.set(`${e.netnsIno}|${tupleKey(orig)}`, f);
+    this.summaryCounters.flows++;
+    return f;
+  }
+
+  private evictOldest(): void {
+    const first = this.byKey.values().next();
+    if (!first.done) this.remove(first.value);
+  }
+
+  private remove(f: Flow): void {
+    this.byKey.delete(f.key);
+    for (const [k, v] of this.byTuple) if (v === f) this.byTuple.delete(k);
+  }
+
+  private flowFor(e: KernelEvent): Flow | undefined {
+    if (e.kind === EventKind.CT_DESTROY) {
+      return this.byTuple.get(`${e.netnsIno}|${tupleKey(e.ctOrig)}`) ?? this.findByOrig(e.ctOrig);
+    }
+    if (e.ctId) {
+      const key = `ct:${e.ctId}`;
+      const f = this.byKey.get(key);
+      const isNewEntry = e.kind === EventKind.NF && !(e.ctStatus & IPS_CONFIRMED);
+      const sameEntry = f && (e.ctOrig.proto === 0 || tupleKey(e.ctOrig) === tupleKey(f.orig));
+      if (f && sameEntry && !(f.closed && isNewEntry)) return f;
+      if (f) this.remove(f); // the address was reused by a new entry
+      if (e.kind !== EventKind.NF && e.kind !== EventKind.DROP) return undefined; // nothing to anchor a new flow on
+      return this.newFlow(key, e, e.ctOrig.proto ? e.ctOrig : e.pkt);
+    }
+    // A packet dropped before conntrack kept an entry: a flow of its own.
+    const key = `pkt:${tupleKey(e.pkt)}`;
+    return this.byKey.get(key) ?? this.newFlow(key, e, e.pkt);
+  }
+
+  private findByOrig(t: Tuple): Flow | undefined {
+    const k = tupleKey(t);
+    for (const f of this.byKey.values()) if (!f.closed && tupleKey(f.orig) === k) return f;
+    return undefined;
+  }
+
+  private ingestOne(e: KernelEvent): Ingested | undefined {
+    const f = this.flowFor(e);
+    if (!f) return undefined;
+    if (e.tsNs > f.lastTsNs) f.lastTsNs = e.tsNs;
+    if (e.kind === EventKind.NF) this.updateConntrack(f, e);
+    const { stage, summary, milestone } = this.classify(f, e);
+    const entry: TimelineEntry = { tsNs: e.tsNs, stage, summary, milestone };
+    if (f.timeline.length < this.opts.maxTimeline) {
+      // Keep the timeline in kernel order even when batches interleave.
+      let i = f.timeline.length;
+      while (i > 0 && f.timeline[i - 1]!.tsNs > e.tsNs) i--;
+      f.timeline.splice(i, 0, entry);
+    }
+    const netnsName = this.opts.netnsName?.(e.netnsIno);
+    const event = toProtoEvent(e, {
+      flowId: f.id,
+      service: f.service,
+      stage,
+      summary,
+      netnsName,
+      dropReasonName: e.kind === EventKind.DROP ? this.dropReasonName(e.reason) : undefined,
+    });
+    return { flow: f, event, entry };
+  }
+
+  private updateConntrack(f: Flow, e: KernelEvent): void {
+    f.status = e.ctStatus;
+    f.reply = e.ctReply;
+    if (e.ctOrig.proto === 6) f.tcpState = e.ctTcpState;
+    if (!f.nodeNetnsIno) f.nodeNetnsIno = e.netnsIno;
+    const wasDnat = f.dnat;
+    f.dnat = (e.ctStatus & IPS_DST_NAT) !== 0;
+    f.masqueraded = (e.ctStatus & IPS_SRC_NAT) !== 0;
+    if (f.dnat && !wasDnat) {
+      const b = endpoint(e.ctReply.saddr, e.ctReply.sport);
+      this.summaryCounters.perBackend[b] = (this.summaryCounters.perBackend[b] ?? 0) + 1;
+    }
+    // Each packet crosses exactly one of PRE_ROUTING / LOCAL_OUT in the
+    // node's namespace: count it there, before NAT.
+    const hook = NF_HOOK_NAMES[e.nfHook];
+    if (e.nfStage === NfStage.BEFORE_NAT && (hook === 'PRE_ROUTING' || hook === 'LOCAL_OUT')) {
+      f.packets[e.dir]! += 1;
+      f.bytes[e.dir]! += e.pktLen;
+    }
+  }
+
+  /** Stage, summary and whether this is a first-time milestone of the flow. */
+  private classify(f: Flow, e: KernelEvent): { stage: pb.Stage; summary: string; milestone: boolean } {
+    const once = (key: string) => {
+      if (f.seen.has(key)) return false;
+      f.seen.add(key);
+      return true;
+    };
+    const pkt = `${e.pkt.saddr}:${e.pkt.sport} -> ${e.pkt.daddr}:${e.pkt.dport}`;
+    const flags = e.pkt.proto === 6 && e.tcpFlags & 0x04 ? ' RST' : '';
+    if (e.pkt.proto === 6 && e.tcpFlags & 0x04 && e.kind !== EventKind.FIB) {
+      const first = !f.reset;
+      if (first) this.summaryCounters.resets++;
+      f.reset = true;
+      const who = e.dir === Dir.REPLY ? 'backend' : 'client';
+      return { stage: Stage.STAGE_DROP, summary: `TCP RST from the ${who}: ${pkt}`, milestone: first };
+    }
+    if (e.pkt.proto === 1 && e.icmpType === 3 && e.kind !== EventKind.FIB) {
+      const what = ICMP_UNREACH[e.icmpCode] ?? `code ${e.icmpCode}`;
+      const first = once(`icmp:${e.icmpCode}`);
+      if (first) f.icmpErrors.push(what);
+      return { stage: Stage.STAGE_DROP, summary: `ICMP destination unreachable (${what}) sent to ${e.pkt.daddr}`, milestone: first };
+    }
+    switch (e.kind) {
+      case EventKind.NF:
+        return this.classifyNf(f, e, once, pkt + flags);
+      case EventKind.FIB: {
+        const via = e.gateway ? `via ${e.gateway} ` : '';
+        const table = e.reason === 254 ? 'main' : e.reason === 255 ? 'local' : String(e.reason);
+        const to = e.dir === Dir.REPLY ? 'client' : 'backend';
+        return {
+          stage: Stage.STAGE_ROUTE,
+          summary: `route to ${to} ${e.pkt.daddr}: ${via}dev ${e.ifname || '?'} (table ${table})`,
+          milestone: once(`route:${e.dir}:${e.pkt.daddr}:${e.ifname}`),
+        };
+      }
+      case EventKind.DEV_XMIT:
+      case EventKind.DEV_RECV: {
+        const verb = e.kind === EventKind.DEV_XMIT ? 'xmit' : 'recv';
+        const ns = this.opts.netnsName?.(e.netnsIno) ?? `netns:${e.netnsIno}`;
+        const kind = e.linkKind === 'vxlan' ? 'tunnel' : e.linkKind || 'device';
+        const inPod = f.nodeNetnsIno !== 0 && e.netnsIno !== f.nodeNetnsIno;
+        if (inPod && e.dir === Dir.ORIGINAL && e.kind === EventKind.DEV_RECV) f.backendNetns = ns;
+        const where = inPod ? ` in ${ns}` : '';
+        const tunnel = e.linkKind === 'vxlan' ? ' (VXLAN tunnel egress)' : '';
+        return {
+          stage: Stage.STAGE_DEVICE,
+          summary: `${verb} ${e.ifname} (${kind})${where}${tunnel}: ${pkt}${flags}`,
+          milestone: once(`dev:${e.dir}:${verb}:${e.ifname}:${e.netnsIno}`),
+        };
+      }
+      case EventKind.DROP: {
+        const name = this.dropReasonName(e.reason);
+        const benign = BENIGN_DROPS.has(name);
+        if (!benign) {
+          f.drops.push(name);
+          this.summaryCounters.dropsByReason[name] = (this.summaryCounters.dropsByReason[name] ?? 0) + 1;
+        }
+        const ns = this.opts.netnsName?.(e.netnsIno);
+        return {
+          stage: Stage.STAGE_DROP,
+          summary: `${benign ? 'freed' : 'DROPPED'} (${name})${e.ifname ? ` at ${e.ifname}` : ''}${ns ? ` in ${ns}` : ''}: ${pkt}`,
+          milestone: !benign && once(`drop:${name}`),
+        };
+      }
+      case EventKind.CT_DESTROY: {
+        const first = !f.closed;
+        if (first) {
+          f.closed = true;
+          f.closedTsNs = e.tsNs;
+          this.summaryCounters.closed++;
+        }
+        const state = e.ctOrig.proto === 6 ? ` in ${TCP_CT_STATES[e.ctTcpState] ?? e.ctTcpState}` : '';
+        return { stage: Stage.STAGE_CLOSE, summary: `conntrack entry destroyed${state} [${ctStatusNames(e.ctStatus).join(',')}]`, milestone: first };
+      }
+      default:
+        return { stage: Stage.STAGE_UNSPECIFIED, summary: `event kind ${e.kind}`, milestone: false };
+    }
+  }
+
+  private classifyNf(f: Flow, e: KernelEvent, once: (k: string) => boolean, pkt: string): { stage: pb.Stage; summary: string; milestone: boolean } {
+    const hook = NF_HOOK_NAMES[e.nfHook] ?? `hook${e.nfHook}`;
+    const at = `@ ${hook} ${e.nfPriority}`;
+    const before = e.nfStage === NfStage.BEFORE_NAT;
+    const dnatHook = hook === 'PRE_ROUTING' || hook === 'LOCAL_OUT';
+    const status = ctStatusNames(e.ctStatus).join(',');
+    if (e.dir === Dir.ORIGINAL && dnatHook && before) {
+      if (!(e.ctStatus & IPS_CONFIRMED)) {
+        return {
+          stage: Stage.STAGE_MATCH,
+          summary: `matches ${f.service} ${at}: ${pkt}, conntrack NEW`,
+          milestone: once('match'),
+        };
+      }
+      return { stage: Stage.STAGE_ARRIVE, summary: `before DNAT ${at}: ${pkt} [${status}]`, milestone: false };
+    }
+    if (e.dir === Dir.ORIGINAL && dnatHook && !before) {
+      if (e.ctStatus & IPS_DST_NAT) {
+        return {
+          stage: Stage.STAGE_DNAT,
+          summary: `DNAT ${at}: ${e.ctOrig.daddr}:${e.ctOrig.dport} -> backend ${e.ctReply.saddr}:${e.ctReply.sport}`,
+          milestone: once('dnat'),
+        };
+      }
+      return {
+        stage: Stage.STAGE_DNAT,
+        summary: `NOT DNATed ${at}: ${pkt} still goes to the service address (no kube-proxy rule matched)`,
+        milestone: once('no-dnat'),
+      };
+    }
+    if (e.dir === Dir.ORIGINAL && !dnatHook && !before) {
+      const seen = `${e.ctReply.daddr}:${e.ctReply.dport}`;
+      const summary =
+        e.ctStatus & IPS_SRC_NAT
+          ? `MASQUERADE/SNAT ${at}: backend sees ${seen} (not the client ${e.ctOrig.saddr}:${e.ctOrig.sport})`
+          : `no SNAT ${at}: backend sees the client ${seen}`;
+      return { stage: Stage.STAGE_SNAT, summary, milestone: once('snat') };
+    }
+    if (e.dir === Dir.REPLY && !before && e.pkt.saddr === e.ctOrig.daddr && e.pkt.sport === e.ctOrig.dport) {
+      return {
+        stage: Stage.STAGE_REPLY,
+        summary: `reply un-DNAT ${at}: source ${e.ctReply.saddr}:${e.ctReply.sport} rewritten to ${e.pkt.saddr}:${e.pkt.sport}, to ${e.pkt.daddr}:${e.pkt.dport}`,
+        milestone: once('reply'),
+      };
+    }
+    const nat = dnatHook ? 'DNAT' : 'SNAT';
+    return {
+      stage: e.dir === Dir.REPLY ? Stage.STAGE_REPLY : dnatHook ? Stage.STAGE_DNAT : Stage.STAGE_SNAT,
+      summary: `${before ? 'before' : 'after'} ${nat} ${at}: ${pkt} [${status}]`,
+      milestone: false,
+    };
+  }
+
+  /** Removes flows closed longer than the grace period or idle too long; returns them. */
+  expire(nowNs: bigint): Flow[] {
+    const graceNs = BigInt(this.opts.closeGraceMs) * 1_000_000n;
+    const idleNs = BigInt(this.opts.idleMs) * 1_000_000n;
+    const gone: Flow[] = [];
+    for (const f of this.byKey.values()) {
+      if ((f.closed && f.closedTsNs !== undefined && nowNs - f.closedTsNs >= graceNs) || nowNs - f.lastTsNs >= idleNs) gone.push(f);
+    }
+    for (const f of gone) this.remove(f);
+    return gone;
+  }
+}
+
+/** ICMP destination-unreachable codes (RFC 792/1122), as REJECT sends them. */
+const ICMP_UNREACH: Record<number, string> = {
+  0: 'net unreachable',
+  1: 'host unreachable',
+  3: 'port unreachable',
+  9: 'net prohibited',
+  10: 'host prohibited',
+  13: 'administratively prohibited',
+};
+
+/** The Flow message for a flow (for summaries and streaming). */
+export function flowToProto(f: Flow): pb.IFlow {
+  return {
+    id: f.id,
+    service: f.service,
+    protocol: f.proto as pb.Protocol,
+    client: endpoint(f.orig.saddr, f.orig.sport),
+    serviceAddress: endpoint(f.orig.daddr, f.orig.dport),
+    backend: f.dnat ? endpoint(f.reply.saddr, f.reply.sport) : '',
+    backendNetns: f.backendNetns ?? '',
+    seenByBackend: endpoint(f.reply.daddr, f.reply.dport),
+    masqueraded: f.masqueraded,
+    state: f.proto === 6 ? TCP_CT_STATES[f.tcpState] ?? '' : PROTO_NAMES[f.proto] ?? '',
+    statusNames: ctStatusNames(f.status),
+    packetsOriginal: f.packets[0],
+    bytesOriginal: f.bytes[0],
+    packetsReply: f.packets[1],
+    bytesReply: f.bytes[1],
+    firstTsNs: Long.fromString(f.firstTsNs.toString(), true),
+    lastTsNs: Long.fromString(f.lastTsNs.toString(), true),
+    closed: f.closed,
+    drops: f.drops,
+    reset: f.reset,
+    conntrackId: f.ctId,
+  };
+}

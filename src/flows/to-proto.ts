@@ -1,0 +1,97 @@
+/**
+ * The one place that knows both the kernel record (KernelEvent) and the wire
+ * message (svctrace.v1.Event): maps one onto the other.
+ */
+import Long from 'long';
+import { svctrace } from '../gen/svctrace';
+import { KernelEvent, Tuple } from '../events/decode';
+import { EventKind, NfStage, Dir } from '../events/layout';
+import { ctStatusNames, TCP_CT_STATES, tcpFlagNames } from '../events/conntrack';
+
+import pb = svctrace.v1;
+
+const KIND: Record<number, pb.EventKind> = {
+  [EventKind.NF]: pb.EventKind.EVENT_KIND_NETFILTER,
+  [EventKind.DEV_XMIT]: pb.EventKind.EVENT_KIND_DEV_XMIT,
+  [EventKind.DEV_RECV]: pb.EventKind.EVENT_KIND_DEV_RECV,
+  [EventKind.DROP]: pb.EventKind.EVENT_KIND_DROP,
+  [EventKind.FIB]: pb.EventKind.EVENT_KIND_ROUTE,
+  [EventKind.CT_DESTROY]: pb.EventKind.EVENT_KIND_CT_DESTROY,
+};
+
+export function protoTuple(t: Tuple): pb.ITuple {
+  return { src: t.saddr, dst: t.daddr, srcPort: t.sport, dstPort: t.dport, protocol: t.proto as pb.Protocol };
+}
+
+export function hasConntrack(e: KernelEvent): boolean {
+  return e.kind === EventKind.NF || e.kind === EventKind.CT_DESTROY || (e.kind === EventKind.DROP && e.ctOrig.proto !== 0);
+}
+
+/** Context the kernel record does not carry. */
+export interface EventContext {
+  flowId: number;
+  service: string;
+  stage: pb.Stage;
+  summary: string;
+  netnsName?: string;
+  dropReasonName?: string;
+}
+
+export function toProtoEvent(e: KernelEvent, ctx: EventContext): pb.IEvent {
+  const out: pb.IEvent = {
+    tsNs: Long.fromString(e.tsNs.toString(), true), // exact beyond 2^53
+    kind: KIND[e.kind] ?? pb.EventKind.EVENT_KIND_UNSPECIFIED,
+    flowId: ctx.flowId,
+    service: ctx.service,
+    stage: ctx.stage,
+    summary: ctx.summary,
+    direction: e.dir === Dir.REPLY ? pb.Direction.DIRECTION_REPLY : pb.Direction.DIRECTION_ORIGINAL,
+    cpu: e.cpu,
+  };
+  if (e.kind !== EventKind.CT_DESTROY) {
+    out.packet = protoTuple(e.pkt);
+    out.length = e.pktLen;
+    if (e.pkt.proto === 6 && e.kind !== EventKind.FIB) out.tcpFlags = tcpFlagNames(e.tcpFlags);
+  }
+  if (hasConntrack(e)) {
+    out.conntrack = {
+      id: e.ctId,
+      original: protoTuple(e.ctOrig),
+      reply: protoTuple(e.ctReply),
+      status: e.ctStatus,
+      statusNames: ctStatusNames(e.ctStatus),
+      tcpState: e.ctOrig.proto === 6 ? TCP_CT_STATES[e.ctTcpState] ?? String(e.ctTcpState) : '',
+      mark: e.ctMark,
+      zone: e.ctZone,
+      timeoutMs: e.ctTimeoutMs,
+    };
+  } else if (e.ctId) {
+    out.conntrack = { id: e.ctId };
+  }
+  if (e.ifindex || e.netnsIno) {
+    out.device = { ifindex: e.ifindex, name: e.ifname, kind: e.linkKind, netnsInode: e.netnsIno, netns: ctx.netnsName ?? '' };
+  }
+  if (e.kind === EventKind.NF) {
+    out.hook = (e.nfHook + 1) as pb.NfHook;
+    out.priority = e.nfPriority;
+    out.afterNat = e.nfStage === NfStage.AFTER_NAT;
+  }
+  if (e.kind === EventKind.DROP) {
+    out.dropReason = e.reason;
+    out.dropReasonName = ctx.dropReasonName ?? String(e.reason);
+  }
+  if (e.kind === EventKind.FIB) {
+    out.gateway = e.gateway;
+    out.routeTable = e.reason;
+  }
+  if (e.pkt.proto === 1) {
+    out.icmpType = e.icmpType;
+    out.icmpCode = e.icmpCode;
+  }
+  return out;
+}
+
+/** proto3 canonical JSON of an Event (what `trace -o json` prints, one per line). */
+export function eventToJson(ev: pb.IEvent): string {
+  return JSON.stringify(pb.Event.toObject(pb.Event.fromObject(ev), { longs: String, enums: String, json: true }));
+}

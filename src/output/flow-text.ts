@@ -1,0 +1,98 @@
+/**
+ * Human output of `svctrace trace`: a live timeline per flow, one line per
+ * milestone (the first time a flow reaches each stage), and the summary
+ * printed on exit. Colour only when writing to a terminal.
+ */
+import { svctrace } from '../gen/svctrace';
+import { Flow, FlowSummary, Ingested } from '../flows/flow-table';
+import { PROTO_NAMES } from '../events/conntrack';
+import type { TracerStats } from '../tracer/tracer';
+
+import pb = svctrace.v1;
+
+const STAGE_LABEL: Record<number, string> = {
+  [pb.Stage.STAGE_ARRIVE]: 'arrive',
+  [pb.Stage.STAGE_MATCH]: 'match',
+  [pb.Stage.STAGE_DNAT]: 'dnat',
+  [pb.Stage.STAGE_SNAT]: 'snat',
+  [pb.Stage.STAGE_ROUTE]: 'route',
+  [pb.Stage.STAGE_DEVICE]: 'device',
+  [pb.Stage.STAGE_REPLY]: 'reply',
+  [pb.Stage.STAGE_DROP]: 'DROP',
+  [pb.Stage.STAGE_CLOSE]: 'close',
+};
+
+const COLOR: Record<number, string> = {
+  [pb.Stage.STAGE_MATCH]: '36', // cyan
+  [pb.Stage.STAGE_DNAT]: '33', // yellow
+  [pb.Stage.STAGE_SNAT]: '35', // magenta
+  [pb.Stage.STAGE_ROUTE]: '34', // blue
+  [pb.Stage.STAGE_DEVICE]: '32', // green
+  [pb.Stage.STAGE_REPLY]: '36',
+  [pb.Stage.STAGE_DROP]: '1;31', // bold red
+  [pb.Stage.STAGE_CLOSE]: '2', // dim
+};
+
+export class FlowTextPrinter {
+  private readonly headerPrinted = new Set<number>();
+
+  constructor(
+    private readonly write: (s: string) => void,
+    private readonly color: boolean,
+    private readonly backendName: (addr: string) => string | undefined = () => undefined,
+  ) {}
+
+  private paint(code: string | undefined, s: string): string {
+    return this.color && code ? `\x1b[${code}m${s}\x1b[0m` : s;
+  }
+
+  /** Prints the milestones among `items`. */
+  print(items: Ingested[]): void {
+    const lines: string[] = [];
+    for (const { flow, entry } of items) {
+      if (!entry.milestone) continue;
+      if (!this.headerPrinted.has(flow.id)) {
+        this.headerPrinted.add(flow.id);
+        lines.push(this.paint('1', `[flow ${flow.id}] ${PROTO_NAMES[flow.proto] ?? flow.proto} ${flow.orig.saddr}:${flow.orig.sport} -> ${flow.orig.daddr}:${flow.orig.dport} (service ${flow.service})`));
+      }
+      const rel = (Number(entry.tsNs - flow.firstTsNs) / 1e6).toFixed(3);
+      const label = (STAGE_LABEL[entry.stage] ?? '?').padEnd(6);
+      lines.push(`  [${flow.id}] +${rel.padStart(9)}ms ${this.paint(COLOR[entry.stage], label)} ${entry.summary}`);
+      if (entry.stage === pb.Stage.STAGE_CLOSE) lines.push(`  [${flow.id}] ${this.describeEnd(flow)}`);
+    }
+    if (lines.length) this.write(lines.join('\n') + '\n');
+  }
+
+  describeEnd(f: Flow): string {
+    const dur = (Number(f.lastTsNs - f.firstTsNs) / 1e6).toFixed(1);
+    const backend = f.dnat ? `${f.reply.saddr}:${f.reply.sport}` : 'none (not DNATed)';
+    const name = f.dnat ? this.backendName(f.reply.saddr) : undefined;
+    const drops = f.drops.length ? `, drops: ${[...new Set(f.drops)].join(',')}` : '';
+    return (
+      `flow ${f.id} done after ${dur}ms: backend ${backend}${name ? ` (${name})` : ''}, ` +
+      `${f.packets[0]} pkts/${f.bytes[0]} B out, ${f.packets[1]} pkts/${f.bytes[1]} B back` +
+      `${f.masqueraded ? ', masqueraded' : ''}${f.reset ? ', reset' : ''}${drops}`
+    );
+  }
+}
+
+/** The summary printed when a trace ends (Ctrl-C or --duration). */
+export function formatSummary(s: FlowSummary, stats: TracerStats, backendName: (addr: string) => string | undefined = () => undefined): string {
+  const lines = [`summary: ${s.flows} flows (${s.closed} closed), ${s.resets} reset`];
+  const backends = Object.entries(s.perBackend).sort((a, b) => b[1] - a[1]);
+  if (backends.length) {
+    lines.push('  new flows per backend:');
+    for (const [b, n] of backends) {
+      const name = backendName(b.split(':')[0]!);
+      lines.push(`    ${b.padEnd(22)} ${String(n).padStart(6)}${name ? `  ${name}` : ''}`);
+    }
+  }
+  const drops = Object.entries(s.dropsByReason);
+  lines.push(drops.length ? `  drops by reason: ${drops.map(([r, n]) => `${r}=${n}`).join(' ')}` : '  drops: none');
+  const lost = stats.ringbufLost + stats.readerDropped + stats.ctOverruns;
+  lines.push(
+    `  events: ${stats.recordsRead} kernel + ${stats.ctDestroyEvents} conntrack destroy, lost: ${lost}` +
+      (lost ? ` (ring buffer ${stats.ringbufLost}, reader ${stats.readerDropped}, netlink ${stats.ctOverruns})` : ''),
+  );
+  return lines.join('\n');
+}
