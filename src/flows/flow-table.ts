@@ -310,7 +310,7 @@ export class FlowTable {
         const inPod = f.nodeNetnsIno !== 0 && e.netnsIno !== f.nodeNetnsIno;
         if (inPod && e.dir === Dir.ORIGINAL && e.kind === EventKind.DEV_RECV) f.backendNetns = ns;
         const where = inPod ? ` in ${ns}` : '';
-        const tunnel = e.linkKind === 'vxlan' ? ' (VXLAN tunnel egress)' : '';
+        const tunnel = e.linkKind !== 'vxlan' ? '' : e.kind === EventKind.DEV_XMIT ? ' (VXLAN tunnel egress)' : ' (VXLAN tunnel ingress, decapsulated)';
         return {
           stage: Stage.STAGE_DEVICE,
           summary: `${verb} ${e.ifname} (${kind})${where}${tunnel}: ${pkt}${flags}`,

@@ -29,6 +29,14 @@ export const LAB_ADDR = {
   nodeIP: '10.250.0.1',
   clientIP: '10.250.0.2',
   clientSubnet: '10.250.0.0/24',
+  // second node (VXLAN)
+  underlayNode: '10.250.1.1',
+  underlayNode2: '10.250.1.2',
+  tunnelNode: '10.244.100.1',
+  tunnelNode2: '10.244.100.2',
+  remoteBridgeIP: '10.244.2.1',
+  remotePodSubnet: '10.244.2.0/24',
+  remotePodIP: '10.244.2.10',
 } as const;
 
 export interface LabPod {
@@ -52,18 +60,33 @@ export interface LabOptions {
   pods?: number;
   /** Add kube-proxy's MASQUERADE rule (default true). */
   masquerade?: boolean;
-  /** Services to render; default: labServices(pods). */
+  /** Services to render; default: labServices(pods, remotePod). */
   services?: KubeService[];
+  /** Add a second node joined by VXLAN, with one pod behind it (default false). */
+  remoteNode?: boolean;
 }
 
 export const POD_HTTP_PORT = 8080;
 export const POD_UDP_PORT = 5353;
 
-/** The lab's default Services: web (3 endpoints, NodePort), dns (UDP), empty (no endpoints), other. */
-export function labServices(pods: LabPod[]): KubeService[] {
+/** A port nothing in the lab listens on: a backend that answers with RST. */
+export const POD_CLOSED_PORT = 9999;
+
+/**
+ * The lab's default Services: web (all pods, NodePort), kube-dns (UDP), empty
+ * (no endpoints: REJECT), other (an untraced neighbour), closed (a backend
+ * not listening), and remote (a pod on the second node, over VXLAN).
+ */
+export function labServices(pods: LabPod[], remotePod?: LabPod): KubeService[] {
   const http = pods.map((p) => ({ ip: p.ip, port: POD_HTTP_PORT }));
   const udp = pods.map((p) => ({ ip: p.ip, port: POD_UDP_PORT }));
+  const extra: KubeService[] = [];
+  if (remotePod) {
+    extra.push({ namespace: 'default', name: 'remote', portName: 'http', clusterIP: '10.96.0.50', port: 80, proto: 'tcp', endpoints: [{ ip: remotePod.ip, port: POD_HTTP_PORT }] });
+  }
   return [
+    ...extra,
+    { namespace: 'default', name: 'closed', portName: 'http', clusterIP: '10.96.0.160', port: 80, proto: 'tcp', endpoints: [{ ip: pods[0]!.ip, port: POD_CLOSED_PORT }] },
     { namespace: 'default', name: 'web', portName: 'http', clusterIP: '10.96.0.100', port: 80, proto: 'tcp', nodePort: 30080, endpoints: http },
     { namespace: 'kube-system', name: 'kube-dns', portName: 'dns', clusterIP: '10.96.0.10', port: 53, proto: 'udp', endpoints: udp },
     { namespace: 'default', name: 'empty', portName: 'http', clusterIP: '10.96.0.200', port: 80, proto: 'tcp', endpoints: [] },
@@ -133,6 +156,9 @@ export class Lab {
   readonly nodeNetns: string;
   readonly clientNetns: string;
   readonly pods: LabPod[];
+  /** The second node's namespace and pod, when the lab has one. */
+  readonly node2Netns: string;
+  remotePod?: LabPod;
   services: KubeService[] = [];
   readonly served: ServedRequest[] = [];
   private readonly servers = new Map<string, ChildProcess>();
@@ -143,6 +169,7 @@ export class Lab {
     this.id = `${process.pid}-${crypto.randomBytes(3).toString('hex')}`;
     this.nodeNetns = `${LAB_PREFIX}${this.id}-node`;
     this.clientNetns = `${LAB_PREFIX}${this.id}-client`;
+    this.node2Netns = `${LAB_PREFIX}${this.id}-node2`;
     this.pods = Array.from({ length: podCount }, (_, i) => ({
       name: `pod${i}`,
       netns: `${LAB_PREFIX}${this.id}-pod${i}`,
@@ -219,9 +246,56 @@ export class Lab {
     await ipc('link', 'set', 'eth0', 'up');
     await ipc('route', 'add', LAB_ADDR.serviceCIDR, 'via', LAB_ADDR.nodeIP);
 
-    this.services = opts.services ?? labServices(this.pods);
+    if (opts.remoteNode) await this.buildRemoteNode();
+
+    this.services = opts.services ?? labServices(this.pods, this.remotePod);
     await this.loadRules({ masquerade: opts.masquerade !== false });
-    await Promise.all(this.pods.map((p) => this.startServer(p)));
+    const all = this.remotePod ? [...this.pods, this.remotePod] : this.pods;
+    await Promise.all(all.map((p) => this.startServer(p)));
+  }
+
+  /**
+   * A second node joined by a VXLAN tunnel (flannel-style, point to point over
+   * an underlay veth), with its own bridge and one pod (10.244.2.10).
+   */
+  private async buildRemoteNode(): Promise<void> {
+    const node = this.nodeNetns;
+    const node2 = this.node2Netns;
+    const ipn = (...args: string[]) => run(['ip', '-n', node, ...args]);
+    const ip2 = (...args: string[]) => run(['ip', '-n', node2, ...args]);
+    await this.addNetns(node2);
+    await runIn(node2, ['sysctl', '-qw', 'net.ipv4.ip_forward=1']);
+    await ipn('link', 'add', 'underlay', 'type', 'veth', 'peer', 'name', 'underlay', 'netns', node2);
+    await ipn('addr', 'add', `${LAB_ADDR.underlayNode}/24`, 'dev', 'underlay');
+    await ipn('link', 'set', 'underlay', 'up');
+    await ip2('addr', 'add', `${LAB_ADDR.underlayNode2}/24`, 'dev', 'underlay');
+    await ip2('link', 'set', 'underlay', 'up');
+    const vx = (local: string, remote: string) =>
+      ['link', 'add', 'flannel.1', 'type', 'vxlan', 'id', '1', 'local', local, 'remote', remote, 'dstport', '8472', 'dev', 'underlay'];
+    await ipn(...vx(LAB_ADDR.underlayNode, LAB_ADDR.underlayNode2));
+    await ip2(...vx(LAB_ADDR.underlayNode2, LAB_ADDR.underlayNode));
+    await ipn('addr', 'add', `${LAB_ADDR.tunnelNode}/24`, 'dev', 'flannel.1');
+    await ip2('addr', 'add', `${LAB_ADDR.tunnelNode2}/24`, 'dev', 'flannel.1');
+    await ipn('link', 'set', 'flannel.1', 'up');
+    await ip2('link', 'set', 'flannel.1', 'up');
+    await ipn('route', 'add', LAB_ADDR.remotePodSubnet, 'via', LAB_ADDR.tunnelNode2, 'dev', 'flannel.1');
+    await ip2('route', 'add', '10.244.1.0/24', 'via', LAB_ADDR.tunnelNode, 'dev', 'flannel.1');
+    await ip2('route', 'add', LAB_ADDR.clientSubnet, 'via', LAB_ADDR.tunnelNode, 'dev', 'flannel.1');
+    await ip2('link', 'add', 'cni0', 'type', 'bridge');
+    await ip2('addr', 'add', `${LAB_ADDR.remoteBridgeIP}/24`, 'dev', 'cni0');
+    await ip2('link', 'set', 'cni0', 'up');
+
+    const pod: LabPod = { name: 'rpod0', netns: `${LAB_PREFIX}${this.id}-rpod0`, ip: LAB_ADDR.remotePodIP, hostVeth: 'veth0' };
+    await this.addNetns(pod.netns);
+    await ip2('link', 'add', pod.hostVeth, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', pod.netns);
+    await ip2('link', 'set', pod.hostVeth, 'master', 'cni0', 'up');
+    const ipp = (...args: string[]) => run(['ip', '-n', pod.netns, ...args]);
+    await ipp('addr', 'add', `${pod.ip}/24`, 'dev', 'eth0');
+    await ipp('link', 'set', 'eth0', 'up');
+    for (const dst of ['10.244.1.0/24', LAB_ADDR.clientSubnet, `${LAB_ADDR.tunnelNode}/32`]) {
+      await ipp('route', 'add', dst, 'via', LAB_ADDR.remoteBridgeIP);
+    }
+    this.remotePod = pod;
   }
 
   /** (Re)loads the kube-proxy rules into the node namespace. */
@@ -280,7 +354,13 @@ export class Lab {
   }
 
   podByIP(ip: string): LabPod | undefined {
-    return this.pods.find((p) => p.ip === ip);
+    return [...this.pods, ...(this.remotePod ? [this.remotePod] : [])].find((p) => p.ip === ip);
+  }
+
+  /** Loads the rules again with or without kube-proxy's MASQUERADE (for the NodePort client-IP experiment). */
+  async setMasquerade(on: boolean): Promise<void> {
+    // iptables-restore replaces the nat and filter tables whole.
+    await this.loadRules({ masquerade: on });
   }
 
   service(name: string): KubeService {

@@ -1,0 +1,44 @@
+/** Collecting a FlowTracer's output in tests. */
+import { svctrace } from '../../src/gen/svctrace';
+import { Flow, Ingested } from '../../src/flows/flow-table';
+
+import pb = svctrace.v1;
+
+export class FlowLog {
+  readonly events = new Map<number, pb.IEvent[]>();
+  readonly flows = new Map<number, Flow>();
+  /** Every event in arrival order. */
+  readonly all: pb.IEvent[] = [];
+
+  add = (items: Ingested[]): void => {
+    for (const { flow, event } of items) {
+      this.all.push(event);
+      this.flows.set(flow.id, flow);
+      const list = this.events.get(flow.id) ?? [];
+      list.push(event);
+      this.events.set(flow.id, list);
+    }
+  };
+
+  /** The flow whose client port (as sent) is `port` and whose service address is `dst`. */
+  flowByClientPort(port: number, dst?: string): Flow | undefined {
+    return [...this.flows.values()].find((f) => f.orig.sport === port && (dst === undefined || f.orig.daddr === dst));
+  }
+
+  eventsOf(f: Flow): pb.IEvent[] {
+    return this.events.get(f.id) ?? [];
+  }
+
+  stages(f: Flow, stage: pb.Stage): pb.IEvent[] {
+    return this.eventsOf(f).filter((e) => e.stage === stage);
+  }
+}
+
+export async function waitFor(cond: () => boolean, ms: number, step = 50): Promise<boolean> {
+  const end = Date.now() + ms;
+  while (Date.now() < end) {
+    if (cond()) return true;
+    await new Promise((r) => setTimeout(r, step));
+  }
+  return cond();
+}

@@ -1,0 +1,86 @@
+/**
+ * `svctrace trace` as a user runs it, against the lab: JSON lines decode as
+ * svctrace.v1.Event using only the .proto file (protobufjs reflection, not
+ * svctrace's generated code), the text output shows the stages, and Ctrl-C
+ * prints the summary and detaches everything.
+ */
+import { after, before, describe } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn, ChildProcess } from 'node:child_process';
+import path from 'node:path';
+import protobuf from 'protobufjs';
+import { kernelTest, IS_ROOT, netfilterLinks, sleep } from '../helpers/kernel';
+import { waitFor } from '../helpers/flows';
+import { Lab } from '../../src/lab/lab';
+
+const ROOT = path.resolve(__dirname, '..', '..', '..');
+const CLI = path.join(ROOT, 'bin', 'svctrace.js');
+const PROTO = path.join(ROOT, 'src', 'proto', 'svctrace', 'v1', 'svctrace.proto');
+
+function startTrace(args: string[]): { child: ChildProcess; out: () => string; err: () => string; exited: Promise<number | null> } {
+  const child = spawn(process.execPath, [CLI, 'trace', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  let err = '';
+  child.stdout!.on('data', (d) => (out += d));
+  child.stderr!.on('data', (d) => (err += d));
+  const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
+  return { child, out: () => out, err: () => err, exited };
+}
+
+describe('svctrace trace CLI (kernel)', () => {
+  let lab: Lab;
+  before(async () => {
+    if (IS_ROOT) lab = await Lab.up();
+  });
+  after(async () => {
+    await lab?.down();
+  });
+
+  kernelTest('-o json: every line is a svctrace.v1.Event decodable from the .proto alone', async () => {
+    const web = lab.service('web');
+    const t = startTrace(['--netns', lab.nodeNetns, '--service', `${web.clusterIP}:80`, '-o', 'json', '--duration', '4']);
+    assert.ok(await waitFor(() => t.err().includes('Ctrl-C to stop'), 10_000), `trace did not start: ${t.err()}`);
+    const r = await lab.curl(`http://${web.clusterIP}/`);
+    assert.ok(r.ok, r.stderr);
+    const code = await t.exited;
+    assert.equal(code, 0, t.err());
+
+    const Event = (await protobuf.load(PROTO)).lookupType('svctrace.v1.Event');
+    const lines = t.out().trim().split('\n');
+    assert.ok(lines.length > 10, `only ${lines.length} lines`);
+    const events = lines.map((l) => {
+      const obj = JSON.parse(l);
+      // Canonical JSON round-trips exactly: every field is one the .proto defines.
+      const back = Event.toObject(Event.fromObject(obj), { enums: String, longs: String, json: true });
+      assert.deepEqual(back, obj, `not a canonical svctrace.v1.Event: ${l}`);
+      return back as { stage?: string; packet?: { dst?: string }; flowId?: string };
+    });
+    const stages = new Set(events.map((e) => e.stage));
+    for (const s of ['STAGE_MATCH', 'STAGE_DNAT', 'STAGE_SNAT', 'STAGE_ROUTE', 'STAGE_DEVICE', 'STAGE_REPLY']) assert.ok(stages.has(s), `no ${s}`);
+    const pod = lab.pods.find((p) => p.name === lab.served.at(-1)!.pod)!;
+    assert.ok(events.some((e) => e.stage === 'STAGE_DNAT' && e.packet?.dst === pod.ip));
+    assert.equal(new Set(events.map((e) => e.flowId)).size, 1);
+    assert.match(t.err(), /summary: 1 flows/);
+  });
+
+  kernelTest('text output and Ctrl-C: timeline, summary, clean detach', async () => {
+    const web = lab.service('web');
+    const linksBefore = netfilterLinks().length;
+    const t = startTrace(['--netns', lab.nodeNetns, '--service', `${web.clusterIP}:80`]);
+    assert.ok(await waitFor(() => t.err().includes('Ctrl-C to stop'), 10_000), t.err());
+    assert.equal(netfilterLinks().length, linksBefore + 8);
+    for (let i = 0; i < 3; i++) assert.ok((await lab.curl(`http://${web.clusterIP}/`)).ok);
+    await sleep(300);
+    t.child.kill('SIGINT');
+    assert.equal(await t.exited, 0, t.err());
+    const out = t.out();
+    assert.match(out, /\[flow 3\] tcp 10\.244\.1\.1:\d+ -> 10\.96\.0\.100:80/);
+    assert.match(out, /dnat\s+DNAT @ LOCAL_OUT -99: 10\.96\.0\.100:80 -> backend 10\.244\.1\.\d+:8080/);
+    assert.match(out, /device recv eth0 \(veth\) in svt-/);
+    assert.match(out, /reply\s+reply un-DNAT @ LOCAL_IN 101/);
+    assert.match(t.err(), /summary: 3 flows/);
+    assert.match(t.err(), /new flows per backend/);
+    assert.match(t.err(), /lost: 0/);
+    assert.equal(netfilterLinks().length, linksBefore, 'links detached after Ctrl-C');
+  });
+});

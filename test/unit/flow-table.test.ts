@@ -1,0 +1,93 @@
+import { describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { FlowTable } from '../../src/flows/flow-table';
+import { KernelEvent, Tuple } from '../../src/events/decode';
+import { EventKind, NfStage, Dir } from '../../src/events/layout';
+import { IPS_CONFIRMED, IPS_DST_NAT, IPS_ASSURED, IPS_SEEN_REPLY } from '../../src/events/conntrack';
+import { parseServiceSpec } from '../../src/net/ipv4';
+import { svctrace } from '../../src/gen/svctrace';
+
+import pb = svctrace.v1;
+
+const orig: Tuple = { saddr: '10.244.1.1', daddr: '10.96.0.100', sport: 40000, dport: 80, proto: 6 };
+const reply: Tuple = { saddr: '10.244.1.12', daddr: '10.244.1.1', sport: 8080, dport: 40000, proto: 6 };
+const dnated: Tuple = { saddr: '10.244.1.1', daddr: '10.244.1.12', sport: 40000, dport: 8080, proto: 6 };
+
+function ev(over: Partial<KernelEvent>): KernelEvent {
+  return {
+    kind: EventKind.NF, cpu: 0, tsNs: 1000n, ctId: 'ffff1', skbId: 'a', pkt: orig, ctOrig: orig, ctReply: reply,
+    ctStatus: 0, ctMark: 0, ctTimeoutMs: 0, netnsIno: 111, ifindex: 2, nfPriority: -101, reason: 0, pktLen: 60,
+    ctZone: 0, nfHook: 3, ctinfo: 2, tcpFlags: 2, ctTcpState: 1, nfStage: NfStage.BEFORE_NAT, dir: Dir.ORIGINAL,
+    serviceId: 1, gateway: '', ifname: 'cni0', linkKind: 'bridge', icmpType: 0, icmpCode: 0, ...over,
+  };
+}
+
+function table(): FlowTable {
+  return new FlowTable({ services: [parseServiceSpec('10.96.0.100:80')], dropReasons: { '2': 'NO_SOCKET', '12': 'NETFILTER_DROP' }, closeGraceMs: 1000 });
+}
+
+describe('FlowTable', () => {
+  it('follows one connection through match, DNAT, device, reply and destroy', () => {
+    const t = table();
+    const items = t.ingest([
+      ev({ tsNs: 100n }),
+      ev({ tsNs: 110n, nfStage: NfStage.AFTER_NAT, nfPriority: -99, pkt: dnated, ctStatus: IPS_DST_NAT }),
+      ev({ tsNs: 120n, kind: EventKind.DEV_RECV, pkt: dnated, netnsIno: 222, ifname: 'eth0', linkKind: 'veth', ctOrig: { ...orig, proto: 0 } }),
+      ev({ tsNs: 130n, dir: Dir.REPLY, nfHook: 1, nfStage: NfStage.AFTER_NAT, nfPriority: 101, tcpFlags: 0x12,
+        pkt: { saddr: '10.96.0.100', daddr: '10.244.1.1', sport: 80, dport: 40000, proto: 6 }, ctStatus: IPS_DST_NAT | IPS_CONFIRMED | IPS_SEEN_REPLY | IPS_ASSURED }),
+      ev({ tsNs: 900n, kind: EventKind.CT_DESTROY, ctId: '', netnsIno: 111 }),
+    ]);
+    assert.equal(t.size, 1);
+    const stages = items.map((i) => i.event.stage);
+    assert.deepEqual(stages, [pb.Stage.STAGE_MATCH, pb.Stage.STAGE_DNAT, pb.Stage.STAGE_DEVICE, pb.Stage.STAGE_REPLY, pb.Stage.STAGE_CLOSE]);
+    const f = items[0]!.flow;
+    assert.equal(f.dnat, true);
+    assert.equal(f.closed, true);
+    assert.equal(f.packets[0], 1);
+    assert.deepEqual(t.summary().perBackend, { '10.244.1.12:8080': 1 });
+    assert.match(items[3]!.entry.summary, /un-DNAT.*rewritten to 10\.96\.0\.100:80/);
+  });
+
+  it('orders a batch by kernel time', () => {
+    const t = table();
+    const items = t.ingest([ev({ tsNs: 200n, nfStage: NfStage.AFTER_NAT, nfPriority: -99, ctStatus: IPS_DST_NAT }), ev({ tsNs: 100n })]);
+    assert.equal(items[0]!.event.stage, pb.Stage.STAGE_MATCH);
+  });
+
+  it('starts a new flow when a closed entry\'s kernel address is reused', () => {
+    const t = table();
+    t.ingest([ev({ tsNs: 1n }), ev({ tsNs: 2n, kind: EventKind.CT_DESTROY, ctId: '' })]);
+    const items = t.ingest([ev({ tsNs: 3n, pkt: { ...orig, sport: 40001 }, ctOrig: { ...orig, sport: 40001 } })]);
+    assert.equal(items[0]!.flow.id, 2);
+  });
+
+  it('names drops, ignores benign frees in the summary, and notices RST and REJECT', () => {
+    const t = table();
+    t.ingest([ev({ tsNs: 1n })]);
+    const items = t.ingest([
+      ev({ tsNs: 2n, kind: EventKind.DROP, reason: 12 }),
+      ev({ tsNs: 3n, dir: Dir.REPLY, tcpFlags: 0x14, nfHook: 0 }),
+      ev({ tsNs: 4n, dir: Dir.REPLY, pkt: { saddr: '10.244.1.1', daddr: '10.244.1.1', sport: 0, dport: 0, proto: 1 }, icmpType: 3, icmpCode: 3 }),
+    ]);
+    assert.match(items[0]!.entry.summary, /DROPPED \(NETFILTER_DROP\)/);
+    assert.match(items[1]!.entry.summary, /TCP RST from the backend/);
+    assert.match(items[2]!.entry.summary, /port unreachable/);
+    const s = t.summary();
+    assert.deepEqual(s.dropsByReason, { NETFILTER_DROP: 1 });
+    assert.equal(s.resets, 1);
+  });
+
+  it('expires closed flows after the grace period', () => {
+    const t = table();
+    t.ingest([ev({ tsNs: 1n }), ev({ tsNs: 2n, kind: EventKind.CT_DESTROY, ctId: '' })]);
+    assert.equal(t.expire(500_000_000n).length, 0);
+    assert.equal(t.expire(2_000_000_000n).length, 1);
+    assert.equal(t.size, 0);
+  });
+
+  it('keeps at most maxFlows flows', () => {
+    const t = new FlowTable({ services: [parseServiceSpec('10.96.0.100:80')], maxFlows: 3 });
+    for (let i = 0; i < 10; i++) t.ingest([ev({ ctId: `c${i}`, tsNs: BigInt(i), pkt: { ...orig, sport: i + 1 }, ctOrig: { ...orig, sport: i + 1 } })]);
+    assert.equal(t.size, 3);
+  });
+});
