@@ -23,14 +23,15 @@ export async function runDemo(opts: { requests: number; out?: NodeJS.WritableStr
     throw new SvctraceError('BAD_INPUT', '--requests must be 1..1000');
   }
   say('svctrace demo: building the lab (network namespaces only)...');
-  const lab = await Lab.up();
+  const lab = await Lab.up({ remoteNode: true });
   let tracer: FlowTracer | undefined;
   try {
     const web = lab.service('web');
     const dns = lab.service('kube-dns');
     const empty = lab.service('empty');
+    const remote = lab.service('remote');
     say(`  node ${lab.nodeNetns}; pods ${lab.pods.map((p) => `${p.name}=${p.ip}`).join(' ')}`);
-    say(`  default/web ${web.clusterIP}:${web.port} (NodePort ${web.nodePort}), kube-system/kube-dns ${dns.clusterIP}:53/udp, default/empty ${empty.clusterIP}:80 (no endpoints)\n`);
+    say(`  default/web ${web.clusterIP}:${web.port} (NodePort ${web.nodePort}), kube-system/kube-dns ${dns.clusterIP}:53/udp, default/empty ${empty.clusterIP}:80 (no endpoints), default/remote ${remote.clusterIP}:80 (pod on a second node)\n`);
     const color = opts.color ?? (!!(out as NodeJS.WriteStream).isTTY && !process.env.NO_COLOR);
     let printer: FlowTextPrinter | undefined;
     tracer = FlowTracer.start({
@@ -39,6 +40,7 @@ export async function runDemo(opts: { requests: number; out?: NodeJS.WritableStr
         parseNodePortSpec(String(web.nodePort)),
         parseServiceSpec(`${dns.clusterIP}:${dns.port}/udp`),
         parseServiceSpec(`${empty.clusterIP}:${empty.port}`),
+        parseServiceSpec(`${remote.clusterIP}:${remote.port}`),
       ],
       netns: [lab.nodeNetns],
       onIngested: (items) => printer?.print(items),
@@ -53,6 +55,9 @@ export async function runDemo(opts: { requests: number; out?: NodeJS.WritableStr
     }
     const np = await lab.curl(`http://${lab.nodeIPForClient()}:${web.nodePort}/`, 'client');
     say(`$ curl ${lab.nodeIPForClient()}:${web.nodePort}  (NodePort, from the client) -> ${np.ok ? np.body.trim() : `failed: ${np.stderr.trim()}`}`);
+    await sleep(50);
+    const rr = await lab.curl(`http://${remote.clusterIP}:${remote.port}/`);
+    say(`$ curl ${remote.clusterIP}  (backend on the second node, over VXLAN) -> ${rr.ok ? rr.body.trim() : `failed: ${rr.stderr.trim()}`}`);
     await sleep(50);
     const udp = await runIn(lab.nodeNetns, [process.execPath, '-e', UDP_QUERY, dns.clusterIP, String(dns.port)], { allowFail: true });
     say(`$ udp query ${dns.clusterIP}:53 -> ${udp.stdout.trim() || udp.stderr.trim()}`);

@@ -8,6 +8,7 @@ import { EXIT_CODES } from './exit-codes';
 import { registerDoctor } from './commands/doctor';
 import { registerTrace } from './commands/trace';
 import { registerDemo } from './commands/demo';
+import { registerLab } from './commands/lab';
 import { VERSION } from '../version';
 
 export function buildProgram(): Command {
@@ -22,6 +23,7 @@ export function buildProgram(): Command {
   registerDoctor(program);
   registerTrace(program);
   registerDemo(program);
+  registerLab(program);
   for (const cmd of program.commands) cmd.exitOverride();
   return program;
 }

@@ -24,19 +24,22 @@ export class FlowTracer {
   readonly table: FlowTable;
   readonly names: NetnsNames;
   readonly session: TraceSession;
-  /** Every flow ever seen, kept only when asked (tests, demo). */
-  private readonly backendNetns = new Map<string, string>();
-  private expiryTimer: NodeJS.Timeout;
+  private readonly expiryTimer: NodeJS.Timeout;
 
-  private constructor(session: TraceSession, table: FlowTable, names: NetnsNames) {
+  private constructor(
+    session: TraceSession,
+    table: FlowTable,
+    names: NetnsNames,
+    /** Backend address -> the pod namespace it was seen in (outlives expired flows). */
+    private readonly backendNetns: Map<string, string>,
+    private readonly onExpired?: (flows: Flow[]) => void,
+  ) {
     this.session = session;
     this.table = table;
     this.names = names;
     this.expiryTimer = setInterval(() => this.expireNow(), 1000);
     this.expiryTimer.unref();
   }
-
-  private onExpired?: (flows: Flow[]) => void;
 
   static start(opts: FlowTracerOptions): FlowTracer {
     const names = new NetnsNames();
@@ -47,24 +50,22 @@ export class FlowTracer {
       closeGraceMs: opts.closeGraceMs,
       maxFlows: opts.maxFlows,
     });
-    let self: FlowTracer | undefined;
-    const pending: Ingested[][] = [];
+    const backendNetns = new Map<string, string>();
+    // Batches arrive from the event loop, never during start(): `session` is
+    // assigned before the first one.
     const session = TraceSession.start({
       services: opts.services,
       netns: opts.netns,
       onEvents: (events) => {
         const items = table.ingest(events);
         for (const { flow } of items) {
-          if (flow.backendNetns && flow.dnat) self?.backendNetns.set(flow.reply.saddr, flow.backendNetns);
+          if (flow.backendNetns && flow.dnat) backendNetns.set(flow.reply.saddr, flow.backendNetns);
         }
-        if (!self) pending.push(items);
-        else opts.onIngested?.(items);
+        opts.onIngested?.(items);
       },
     });
-    self = new FlowTracer(session, table, names);
-    self.onExpired = opts.onExpired;
-    for (const p of pending) opts.onIngested?.(p);
-    return self;
+    for (const a of session.tracer.attached) names.remember(a.netnsIno, a.path.startsWith('/run/netns/') ? a.path.slice(11) : a.path);
+    return new FlowTracer(session, table, names, backendNetns, opts.onExpired);
   }
 
   /** The pod namespace a backend address was seen in, if any. */

@@ -1,0 +1,36 @@
+import { Command } from 'commander';
+import { Lab } from '../../lab/lab';
+import { svcPortName } from '../../lab/kube-rules';
+import { waitForStop } from '../../tracer/session';
+import { parseDuration } from './trace';
+
+export function registerLab(program: Command): void {
+  program
+    .command('lab')
+    .description('stand up the built-in lab (network namespaces only) and keep it until Ctrl-C, to trace it by hand')
+    .option('--pods <n>', 'pods behind the web service', '3')
+    .option('--duration <seconds>', 'tear down after this many seconds')
+    .action(async (opts: { pods: string; duration?: string }) => {
+      const duration = parseDuration(opts.duration);
+      const lab = await Lab.up({ pods: Number(opts.pods), remoteNode: true });
+      try {
+        const lines = [
+          `lab up: node namespace ${lab.nodeNetns}`,
+          `  pods: ${[...lab.pods, ...(lab.remotePod ? [lab.remotePod] : [])].map((p) => `${p.netns}=${p.ip}`).join(' ')}`,
+          `  client namespace ${lab.clientNetns} (10.250.0.2), node address 10.250.0.1`,
+          '  services:',
+          ...lab.services.map((s) => `    ${svcPortName(s).padEnd(26)} ${s.clusterIP}:${s.port}/${s.proto}${s.nodePort ? ` NodePort ${s.nodePort}` : ''} -> ${s.endpoints.map((e) => `${e.ip}:${e.port}`).join(' ') || 'no endpoints'}`),
+          'try, in another terminal:',
+          `  svctrace trace --netns ${lab.nodeNetns} --service 10.96.0.100:80 --nodeport 30080`,
+          `  ip netns exec ${lab.nodeNetns} curl -s http://10.96.0.100/`,
+          `  ip netns exec ${lab.clientNetns} curl -s http://10.250.0.1:30080/`,
+          'Ctrl-C tears the lab down.',
+        ];
+        process.stdout.write(lines.join('\n') + '\n');
+        await waitForStop(duration);
+      } finally {
+        await lab.down();
+        process.stderr.write(`lab torn down\n`);
+      }
+    });
+}
