@@ -12,6 +12,7 @@ export type SvctraceErrorCode =
   | 'BPF_ATTACH' // attaching a program or link failed
   | 'NATIVE_MISSING' // the addon is not built
   | 'LAB' // the built-in lab could not be set up
+  | 'STREAM' // a stream connection failed or was closed by the server
   | 'INTERNAL';
 
 /** Error with a stable code; `cause` keeps the underlying error (errno, op, verifier log). */

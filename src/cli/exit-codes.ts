@@ -11,4 +11,5 @@ export const EXIT_CODES: Record<SvctraceErrorCode, number> = {
   BPF_ATTACH: 4,
   NATIVE_MISSING: 5,
   LAB: 6,
+  STREAM: 7,
 };

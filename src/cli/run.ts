@@ -9,6 +9,8 @@ import { registerDoctor } from './commands/doctor';
 import { registerTrace } from './commands/trace';
 import { registerDemo } from './commands/demo';
 import { registerLab } from './commands/lab';
+import { registerServe } from './commands/serve';
+import { registerWatch } from './commands/watch';
 import { VERSION } from '../version';
 
 export function buildProgram(): Command {
@@ -24,6 +26,8 @@ export function buildProgram(): Command {
   registerTrace(program);
   registerDemo(program);
   registerLab(program);
+  registerServe(program);
+  registerWatch(program);
   for (const cmd of program.commands) cmd.exitOverride();
   return program;
 }

@@ -242,6 +242,8 @@ export class FlowTable {
       summary,
       netnsName,
       dropReasonName: e.kind === EventKind.DROP ? this.dropReasonName(e.reason) : undefined,
+      backend: f.dnat ? endpoint(f.reply.saddr, f.reply.sport) : undefined,
+      backendNetns: f.backendNetns,
     });
     return { flow: f, event, entry };
   }

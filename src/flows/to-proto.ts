@@ -35,6 +35,8 @@ export interface EventContext {
   summary: string;
   netnsName?: string;
   dropReasonName?: string;
+  backend?: string;
+  backendNetns?: string;
 }
 
 export function toProtoEvent(e: KernelEvent, ctx: EventContext): pb.IEvent {
@@ -48,6 +50,8 @@ export function toProtoEvent(e: KernelEvent, ctx: EventContext): pb.IEvent {
     direction: e.dir === Dir.REPLY ? pb.Direction.DIRECTION_REPLY : pb.Direction.DIRECTION_ORIGINAL,
     cpu: e.cpu,
   };
+  if (ctx.backend) out.backend = ctx.backend;
+  if (ctx.backendNetns) out.backendNetns = ctx.backendNetns;
   if (e.kind !== EventKind.CT_DESTROY) {
     out.packet = protoTuple(e.pkt);
     out.length = e.pktLen;

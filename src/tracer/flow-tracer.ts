@@ -1,13 +1,16 @@
 /**
  * Kernel events -> flows: a TraceSession feeding a FlowTable, with namespace
  * names resolved, closed flows expired on a timer, and the backend -> pod
- * namespace mapping remembered for summaries. Used by `trace`, the demo and
- * the tests (which assert on its flows against the lab's ground truth).
+ * namespace mapping remembered for summaries. Used by `trace`, `serve`, the
+ * demo and the tests (which assert on its flows against the lab's ground
+ * truth).
  */
 import { loadBinding } from '../native/binding';
-import { Flow, FlowTable, Ingested, FlowSummary } from '../flows/flow-table';
+import { Flow, FlowTable, Ingested, FlowSummary, flowToProto, serviceLabel } from '../flows/flow-table';
 import { NetnsNames } from '../flows/netns-names';
 import { ServiceSpec } from '../net/ipv4';
+import type { HubSource } from '../stream/hub';
+import type { svctrace } from '../gen/svctrace';
 import { TraceSession } from './session';
 import { TracerStats } from './tracer';
 
@@ -20,23 +23,24 @@ export interface FlowTracerOptions {
   maxFlows?: number;
 }
 
+/** State the event callback fills before the FlowTracer object exists. */
+interface Shared {
+  /** Backend address -> the pod namespace it was seen in (outlives expired flows). */
+  backendNetns: Map<string, string>;
+  /** Flows changed since the last flow update was taken. */
+  changed: Map<number, Flow>;
+}
+
 export class FlowTracer {
-  readonly table: FlowTable;
-  readonly names: NetnsNames;
-  readonly session: TraceSession;
   private readonly expiryTimer: NodeJS.Timeout;
 
   private constructor(
-    session: TraceSession,
-    table: FlowTable,
-    names: NetnsNames,
-    /** Backend address -> the pod namespace it was seen in (outlives expired flows). */
-    private readonly backendNetns: Map<string, string>,
+    readonly session: TraceSession,
+    readonly table: FlowTable,
+    readonly names: NetnsNames,
+    private readonly shared: Shared,
     private readonly onExpired?: (flows: Flow[]) => void,
   ) {
-    this.session = session;
-    this.table = table;
-    this.names = names;
     this.expiryTimer = setInterval(() => this.expireNow(), 1000);
     this.expiryTimer.unref();
   }
@@ -50,27 +54,44 @@ export class FlowTracer {
       closeGraceMs: opts.closeGraceMs,
       maxFlows: opts.maxFlows,
     });
-    const backendNetns = new Map<string, string>();
-    // Batches arrive from the event loop, never during start(): `session` is
-    // assigned before the first one.
+    const shared: Shared = { backendNetns: new Map(), changed: new Map() };
     const session = TraceSession.start({
       services: opts.services,
       netns: opts.netns,
       onEvents: (events) => {
         const items = table.ingest(events);
         for (const { flow } of items) {
-          if (flow.backendNetns && flow.dnat) backendNetns.set(flow.reply.saddr, flow.backendNetns);
+          if (flow.backendNetns && flow.dnat) shared.backendNetns.set(flow.reply.saddr, flow.backendNetns);
+          shared.changed.set(flow.id, flow);
         }
         opts.onIngested?.(items);
       },
     });
-    for (const a of session.tracer.attached) names.remember(a.netnsIno, a.path.startsWith('/run/netns/') ? a.path.slice(11) : a.path);
-    return new FlowTracer(session, table, names, backendNetns, opts.onExpired);
+    for (const a of session.tracer.attached) names.remember(a.netnsIno, a.path.startsWith('/run/netns/') ? a.path.slice('/run/netns/'.length) : a.path);
+    return new FlowTracer(session, table, names, shared, opts.onExpired);
   }
 
   /** The pod namespace a backend address was seen in, if any. */
   backendName(addr: string): string | undefined {
-    return this.backendNetns.get(addr);
+    return this.shared.backendNetns.get(addr);
+  }
+
+  /** The streaming server's view of this tracer. */
+  hubSource(): HubSource {
+    return {
+      services: this.session.services.map(serviceLabel),
+      kernelLost: () => {
+        const s = this.stats();
+        return s.ringbufLost + s.readerDropped + s.ctOverruns;
+      },
+      activeFlows: () => this.table.size,
+      dropsByReason: () => this.table.summary().dropsByReason,
+      takeChangedFlows: () => {
+        const out: svctrace.v1.IFlow[] = [...this.shared.changed.values()].map(flowToProto);
+        this.shared.changed.clear();
+        return out;
+      },
+    };
   }
 
   expireNow(): Flow[] {

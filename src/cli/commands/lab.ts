@@ -2,7 +2,7 @@ import { Command } from 'commander';
 import { Lab } from '../../lab/lab';
 import { svcPortName } from '../../lab/kube-rules';
 import { waitForStop } from '../../tracer/session';
-import { parseDuration } from './trace';
+import { parseDuration } from '../options';
 
 export function registerLab(program: Command): void {
   program

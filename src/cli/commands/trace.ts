@@ -1,39 +1,23 @@
 import { Command } from 'commander';
-import { parseNodePortSpec, parseServiceSpec, ServiceSpec } from '../../net/ipv4';
 import { FlowTextPrinter, formatSummary } from '../../output/flow-text';
 import { eventToJson } from '../../flows/to-proto';
 import { FlowTracer } from '../../tracer/flow-tracer';
 import { waitForStop } from '../../tracer/session';
 import { CURRENT_NETNS } from '../../tracer/netns';
 import { SvctraceError } from '../../errors';
-
-function collect(value: string, previous: string[]): string[] {
-  return previous.concat([value]);
-}
-
-export function parseDuration(v: string | undefined): number | undefined {
-  if (v === undefined) return undefined;
-  const n = Number(v);
-  if (!Number.isFinite(n) || n <= 0 || n > 7 * 24 * 3600) throw new SvctraceError('BAD_INPUT', `--duration '${v}' must be a number of seconds > 0`);
-  return n;
-}
+import { addSelectionOptions, parseDuration, SelectionOptions, servicesFrom } from '../options';
 
 function useColor(): boolean {
   return !!process.stdout.isTTY && !process.env.NO_COLOR;
 }
 
 export function registerTrace(program: Command): void {
-  program
-    .command('trace')
-    .description('trace flows to ClusterIPs/NodePorts live: DNAT, SNAT, conntrack, route, veth, drops, reply')
-    .option('-s, --service <ip:port[/proto]>', 'ClusterIP service to trace (repeatable)', collect, [])
-    .option('--nodeport <port[/proto]>', 'NodePort to trace (repeatable)', collect, [])
-    .option('--netns <name|path>', "network namespace of the node (repeatable; default: svctrace's own)", collect, [])
+  addSelectionOptions(program.command('trace').description('trace flows to ClusterIPs/NodePorts live: DNAT, SNAT, conntrack, route, veth, drops, reply'))
     .option('--duration <seconds>', 'stop after this many seconds (default: until Ctrl-C)')
     .option('-o, --output <format>', 'text (a timeline per flow) or json (one svctrace.v1.Event per line)', 'text')
-    .action(async (opts: { service: string[]; nodeport: string[]; netns: string[]; duration?: string; output: string }) => {
+    .action(async (opts: SelectionOptions & { duration?: string; output: string }) => {
       if (opts.output !== 'text' && opts.output !== 'json') throw new SvctraceError('BAD_INPUT', `--output must be text or json, not '${opts.output}'`);
-      const services: ServiceSpec[] = [...opts.service.map(parseServiceSpec), ...opts.nodeport.map(parseNodePortSpec)];
+      const services = servicesFrom(opts);
       const duration = parseDuration(opts.duration);
       const write = (s: string) => process.stdout.write(s);
       let printer: FlowTextPrinter | undefined;

@@ -1,0 +1,62 @@
+import fs from 'node:fs';
+import { Command } from 'commander';
+import { SvctraceError } from '../../errors';
+import { FlowTracer } from '../../tracer/flow-tracer';
+import { CURRENT_NETNS } from '../../tracer/netns';
+import { waitForStop } from '../../tracer/session';
+import { DEFAULT_LISTEN, StreamServer } from '../../stream/server';
+import { formatSummary } from '../../output/flow-text';
+import { addSelectionOptions, collect, parseDuration, readToken, SelectionOptions, servicesFrom } from '../options';
+
+interface ServeCliOptions extends SelectionOptions {
+  listen: string;
+  token?: string;
+  tokenFile?: string;
+  tlsCert?: string;
+  tlsKey?: string;
+  allowOrigin: string[];
+  duration?: string;
+}
+
+function readFileOpt(path: string, what: string): Buffer {
+  try {
+    return fs.readFileSync(path);
+  } catch (e) {
+    throw new SvctraceError('BAD_INPUT', `cannot read ${what} ${path}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+  }
+}
+
+export function registerServe(program: Command): void {
+  addSelectionOptions(program.command('serve').description('trace and stream events over WebSocket (protobuf) at /v1/events, with /healthz and /metrics'))
+    .option('--listen <host:port>', 'address to listen on (beyond loopback needs a token)', DEFAULT_LISTEN)
+    .option('--token <token>', 'bearer token clients must present (>= 16 characters)')
+    .option('--token-file <path>', 'read the token from the first line of this file')
+    .option('--tls-cert <path>', 'serve HTTPS/WSS with this certificate (PEM)')
+    .option('--tls-key <path>', 'private key for --tls-cert (PEM)')
+    .option('--allow-origin <origin>', 'browser Origin allowed besides the server itself (repeatable)', collect, [])
+    .option('--duration <seconds>', 'stop after this many seconds (default: until Ctrl-C)')
+    .action(async (opts: ServeCliOptions) => {
+      const services = servicesFrom(opts);
+      const duration = parseDuration(opts.duration);
+      const token = readToken(opts);
+      if (!!opts.tlsCert !== !!opts.tlsKey) throw new SvctraceError('BAD_INPUT', 'give both --tls-cert and --tls-key');
+      const tls = opts.tlsCert && opts.tlsKey ? { cert: readFileOpt(opts.tlsCert, 'certificate'), key: readFileOpt(opts.tlsKey, 'key') } : undefined;
+      let server: StreamServer | undefined;
+      const tracer = FlowTracer.start({
+        services,
+        netns: opts.netns.length ? opts.netns : [CURRENT_NETNS],
+        onIngested: (items) => server?.publish(items.map((i) => i.event)),
+      });
+      try {
+        server = await StreamServer.start(tracer.hubSource(), { listen: opts.listen, token, tls, allowOrigins: opts.allowOrigin });
+      } catch (e) {
+        await tracer.stop();
+        throw e;
+      }
+      process.stderr.write(`svctrace: tracing ${services.map((s) => s.text).join(', ')}; streaming at ${server.url()}; Ctrl-C to stop\n`);
+      await waitForStop(duration);
+      await server.close();
+      const { summary, stats } = await tracer.stop();
+      process.stderr.write(formatSummary(summary, stats, (a) => tracer.backendName(a)) + '\n');
+    });
+}

@@ -1,0 +1,84 @@
+import { Command } from 'commander';
+import { SvctraceError } from '../../errors';
+import { connect } from '../../client/node';
+import { eventToJson } from '../../flows/to-proto';
+import { DEFAULT_LISTEN, EVENTS_PATH } from '../../stream/server';
+import { waitForStop } from '../../tracer/session';
+import { svctrace } from '../../gen/svctrace';
+import { collect, parseDuration, readToken } from '../options';
+
+import pb = svctrace.v1;
+
+interface WatchOptions {
+  token?: string;
+  tokenFile?: string;
+  service: string[];
+  backend: string[];
+  namespace: string[];
+  dropsOnly?: boolean;
+  output: string;
+  duration?: string;
+}
+
+const STAGE = (s: number | null | undefined) => (pb.Stage[s ?? 0] ?? 'STAGE_UNSPECIFIED').replace('STAGE_', '').toLowerCase();
+
+export function registerWatch(program: Command): void {
+  program
+    .command('watch')
+    .description('connect to a `svctrace serve` stream and print its events')
+    .argument('[url]', 'ws://HOST:PORT/v1/events', `ws://${DEFAULT_LISTEN}${EVENTS_PATH}`)
+    .option('--token <token>', 'bearer token')
+    .option('--token-file <path>', 'read the token from this file')
+    .option('-s, --service <service>', 'only this service, e.g. 10.96.0.100:80/tcp (repeatable)', collect, [])
+    .option('--backend <ip[:port]>', 'only flows to this backend (repeatable)', collect, [])
+    .option('--namespace <netns>', 'only events in this network namespace (repeatable)', collect, [])
+    .option('--drops-only', 'only drops, resets and ICMP errors')
+    .option('-o, --output <format>', 'text or json', 'text')
+    .option('--duration <seconds>', 'stop after this many seconds')
+    .action(async (url: string, opts: WatchOptions) => {
+      if (opts.output !== 'text' && opts.output !== 'json') throw new SvctraceError('BAD_INPUT', `--output must be text or json, not '${opts.output}'`);
+      let parsed: URL;
+      try {
+        parsed = new URL(url);
+      } catch {
+        throw new SvctraceError('BAD_INPUT', `'${url}' is not a URL (expected ws://HOST:PORT${EVENTS_PATH})`);
+      }
+      if (parsed.protocol !== 'ws:' && parsed.protocol !== 'wss:') throw new SvctraceError('BAD_INPUT', `'${url}' must start with ws:// or wss://`);
+      const duration = parseDuration(opts.duration);
+      const token = readToken(opts);
+      let closedBy: string | undefined;
+      let userClosed = false;
+      const done = new Promise<void>((resolve) => {
+        void (async () => {
+          const client = await connect(
+            { url, token, filter: { services: opts.service, backends: opts.backend, namespaces: opts.namespace, dropsOnly: !!opts.dropsOnly } },
+            {
+              events: (events) => {
+                const lines = events.map((e) =>
+                  opts.output === 'json' ? eventToJson(e) : `[flow ${String(e.flowId)}] ${STAGE(e.stage).padEnd(6)} ${e.summary}`,
+                );
+                if (lines.length) process.stdout.write(lines.join('\n') + '\n');
+              },
+              error: (e) => process.stderr.write(`svctrace: server says ${e.code}: ${e.message}\n`),
+              close: (code, reason) => {
+                if (!userClosed) closedBy = `server closed the stream (${code}${reason ? `: ${reason}` : ''})`;
+                resolve();
+              },
+            },
+          ).catch((e: Error) => {
+            closedBy = e.message;
+            resolve();
+            return undefined;
+          });
+          if (!client) return;
+          process.stderr.write(`svctrace: connected to ${client.hello?.node ?? '?'} (svctrace ${client.hello?.serverVersion}), tracing ${(client.hello?.services ?? []).join(', ')}\n`);
+          await waitForStop(duration);
+          userClosed = true;
+          client.close();
+          resolve();
+        })();
+      });
+      await done;
+      if (closedBy) throw new SvctraceError('STREAM', closedBy);
+    });
+}

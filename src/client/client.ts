@@ -1,0 +1,173 @@
+/**
+ * A small typed client for svctrace's event stream, for Node and browsers:
+ * connects to ws(s)://HOST:PORT/v1/events, presents the token as a
+ * subprotocol, subscribes with a filter and hands over decoded messages.
+ * It imports no Node module: in Node pass the `ws` package's WebSocket
+ * (src/client/node.ts does), in a browser the global one is used.
+ */
+import { svctrace } from '../gen/svctrace';
+
+import pb = svctrace.v1;
+
+export const SUBPROTOCOL = 'svctrace.v1';
+
+/** The part of the WebSocket API both `ws` and browsers provide. */
+export interface WebSocketLike {
+  binaryType: string;
+  readyState: number;
+  send(data: Uint8Array): void;
+  close(code?: number, reason?: string): void;
+  onopen: ((ev: unknown) => void) | null;
+  onmessage: ((ev: { data: unknown }) => void) | null;
+  onclose: ((ev: { code: number; reason: string }) => void) | null;
+  onerror: ((ev: unknown) => void) | null;
+}
+export type WebSocketCtor = new (url: string, protocols?: string[]) => WebSocketLike;
+
+export interface ClientOptions {
+  url: string;
+  token?: string;
+  filter?: pb.IFilter;
+  /** Also receive flow updates. */
+  flows?: boolean;
+  WebSocket?: WebSocketCtor;
+}
+
+export interface ClientHandlers {
+  events?: (events: pb.Event[]) => void;
+  flows?: (flows: pb.IFlow[]) => void;
+  status?: (status: pb.Status) => void;
+  error?: (error: pb.Error) => void;
+  close?: (code: number, reason: string) => void;
+}
+
+export class ClientError extends Error {
+  constructor(
+    message: string,
+    readonly code: string,
+  ) {
+    super(message);
+    this.name = 'ClientError';
+  }
+}
+
+function toBytes(data: unknown): Uint8Array | null {
+  if (data instanceof ArrayBuffer) return new Uint8Array(data);
+  if (ArrayBuffer.isView(data)) return new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+  if (Array.isArray(data)) {
+    // ws may deliver fragmented messages as Buffer[]
+    const parts = data as Uint8Array[];
+    const out = new Uint8Array(parts.reduce((n, p) => n + p.byteLength, 0));
+    let o = 0;
+    for (const p of parts) {
+      out.set(p, o);
+      o += p.byteLength;
+    }
+    return out;
+  }
+  return null;
+}
+
+export class SvctraceClient {
+  hello?: pb.IHello;
+  lastStatus?: pb.Status;
+  private handlers: ClientHandlers = {};
+
+  private constructor(private readonly ws: WebSocketLike) {}
+
+  /** Connects and resolves once the server said hello (and the filter is sent). */
+  static connect(opts: ClientOptions, handlers: ClientHandlers = {}): Promise<SvctraceClient> {
+    const Ctor = opts.WebSocket ?? (globalThis as unknown as { WebSocket?: WebSocketCtor }).WebSocket;
+    if (!Ctor) return Promise.reject(new ClientError('no WebSocket implementation: pass one (e.g. the ws package)', 'NO_WEBSOCKET'));
+    const protocols = [SUBPROTOCOL, ...(opts.token ? [`bearer.${opts.token}`] : [])];
+    const ws = new Ctor(opts.url, protocols);
+    ws.binaryType = 'arraybuffer';
+    const client = new SvctraceClient(ws);
+    client.handlers = handlers;
+    return new Promise((resolve, reject) => {
+      let settled = false;
+      ws.onerror = () => {
+        if (!settled) {
+          settled = true;
+          reject(new ClientError(`cannot connect to ${opts.url}`, 'CONNECT'));
+        }
+      };
+      ws.onclose = (ev) => {
+        if (!settled) {
+          settled = true;
+          reject(new ClientError(`connection to ${opts.url} closed (${ev.code}${ev.reason ? `: ${ev.reason}` : ''})`, 'CLOSED'));
+        }
+        client.handlers.close?.(ev.code, ev.reason);
+      };
+      ws.onmessage = (ev) => {
+        const bytes = toBytes(ev.data);
+        if (!bytes) return;
+        let msg: pb.ServerMessage;
+        try {
+          msg = pb.ServerMessage.decode(bytes);
+        } catch {
+          client.handlers.error?.(pb.Error.create({ code: 'BAD_FRAME', message: 'undecodable frame from server' }));
+          return;
+        }
+        if (msg.body === 'hello' && !settled) {
+          client.hello = msg.hello!;
+          if (opts.filter || opts.flows) client.subscribe(opts.filter ?? {}, !!opts.flows);
+          settled = true;
+          resolve(client);
+          return;
+        }
+        client.dispatch(msg);
+      };
+    });
+  }
+
+  /** Replaces the handlers (e.g. after connect resolved). */
+  on(handlers: ClientHandlers): this {
+    this.handlers = { ...this.handlers, ...handlers };
+    return this;
+  }
+
+  private dispatch(msg: pb.ServerMessage): void {
+    switch (msg.body) {
+      case 'events':
+        this.handlers.events?.(msg.events!.events as pb.Event[]);
+        break;
+      case 'flows':
+        this.handlers.flows?.(msg.flows!.flows ?? []);
+        break;
+      case 'status':
+        this.lastStatus = msg.status as pb.Status;
+        this.handlers.status?.(msg.status as pb.Status);
+        break;
+      case 'error':
+        this.handlers.error?.(msg.error as pb.Error);
+        break;
+      default:
+        break;
+    }
+  }
+
+  private send(m: pb.IClientMessage): void {
+    this.ws.send(pb.ClientMessage.encode(m).finish());
+  }
+
+  subscribe(filter: pb.IFilter, flows = false): void {
+    this.send({ subscribe: { filter, flows } });
+  }
+
+  pause(): void {
+    this.send({ pause: {} });
+  }
+
+  resume(): void {
+    this.send({ resume: {} });
+  }
+
+  ping(nonce = Date.now()): void {
+    this.send({ ping: { nonce } });
+  }
+
+  close(): void {
+    this.ws.close(1000, 'bye');
+  }
+}

@@ -1,0 +1,186 @@
+/**
+ * One WebSocket client of the event stream: its filter, pause state, and the
+ * bounded queue that keeps a slow reader from slowing anyone else. Frames go
+ * straight to the socket while its send buffer (ws `bufferedAmount`) is
+ * below the high-water mark; above it they wait in a queue of at most
+ * maxQueueBytes, from which the oldest frames are dropped (and their events
+ * counted as `dropped`). A client that stays above the mark for stuckAfterMs
+ * is disconnected with a reason.
+ */
+import WebSocket from 'ws';
+import { svctrace } from '../gen/svctrace';
+import { SvctraceError } from '../errors';
+import { compileFilter, EventPredicate } from './filter';
+import { decodeClientMessage, EncodedEvent, errorFrame, eventsFrame, serverFrame } from './frames';
+import { CLOSE, StreamLimits } from './limits';
+
+import pb = svctrace.v1;
+
+interface QueuedFrame {
+  bytes: Uint8Array;
+  events: number;
+}
+
+export class ClientConn {
+  readonly id: number;
+  readonly remote: string;
+  private filter: EventPredicate = () => true;
+  wantsFlows = false;
+  paused = false;
+  sent = 0;
+  dropped = 0;
+  private pending: EncodedEvent[] = [];
+  private queue: QueuedFrame[] = [];
+  private queueBytes = 0;
+  private aboveSince: number | null = null;
+  private msgWindowStart = Date.now();
+  private msgCount = 0;
+  closed = false;
+
+  constructor(
+    id: number,
+    private readonly ws: WebSocket,
+    remote: string,
+    private readonly limits: StreamLimits,
+    private readonly onClose: (c: ClientConn) => void,
+  ) {
+    this.id = id;
+    this.remote = remote;
+    ws.on('message', (data, isBinary) => this.onMessage(data as Buffer, isBinary));
+    ws.on('close', () => this.finish());
+    ws.on('error', () => this.finish());
+  }
+
+  private finish(): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.pending = [];
+    this.queue = [];
+    this.queueBytes = 0;
+    this.onClose(this);
+  }
+
+  /**
+   * Sends a control frame now (ahead of queued events): hello, status, flow
+   * updates, errors. Skipped for a client above the high-water mark (the next
+   * status carries the news), except errors, so a stuck client cannot grow
+   * the send buffer.
+   */
+  sendControl(bytes: Uint8Array, always = false): void {
+    if (this.closed || this.ws.readyState !== WebSocket.OPEN) return;
+    if (!always && this.ws.bufferedAmount >= this.limits.highWaterBytes) return;
+    this.ws.send(bytes, { binary: true });
+  }
+
+  private onMessage(data: Buffer, isBinary: boolean): void {
+    const now = Date.now();
+    if (now - this.msgWindowStart >= 1000) {
+      this.msgWindowStart = now;
+      this.msgCount = 0;
+    }
+    if (++this.msgCount > this.limits.maxClientMessagesPerSecond) {
+      this.closeWith(CLOSE.POLICY, 'LIMIT', `more than ${this.limits.maxClientMessagesPerSecond} messages per second`);
+      return;
+    }
+    if (!isBinary) {
+      this.sendControl(errorFrame('BAD_MESSAGE', 'send binary svctrace.v1.ClientMessage frames, not text'), true);
+      return;
+    }
+    const { msg, error } = decodeClientMessage(data);
+    if (!msg) {
+      this.sendControl(errorFrame('BAD_MESSAGE', error ?? 'bad message'), true);
+      return;
+    }
+    try {
+      this.apply(msg);
+    } catch (e) {
+      const m = e instanceof SvctraceError ? e.message : String(e);
+      this.sendControl(errorFrame(e instanceof SvctraceError && e.code === 'BAD_INPUT' ? 'BAD_FILTER' : 'INTERNAL', m), true);
+    }
+  }
+
+  private apply(msg: pb.ClientMessage): void {
+    switch (msg.body) {
+      case 'subscribe':
+        this.filter = compileFilter(msg.subscribe?.filter, this.limits.maxFilterEntries);
+        this.wantsFlows = !!msg.subscribe?.flows;
+        break;
+      case 'pause':
+        this.paused = true;
+        this.pending = [];
+        break;
+      case 'resume':
+        this.paused = false;
+        break;
+      case 'ping':
+        this.sendControl(serverFrame({ pong: { nonce: msg.ping?.nonce ?? 0 } }));
+        break;
+    }
+  }
+
+  /** Takes the events of a batch this client wants. */
+  offer(events: EncodedEvent[]): void {
+    if (this.closed || this.paused) return;
+    for (const e of events) if (this.filter(e.event)) this.pending.push(e);
+    if (this.pending.length >= this.limits.flushEvents) this.flush();
+  }
+
+  /** Turns pending events into one frame and sends or queues it; then pumps. */
+  flush(): void {
+    if (this.closed) return;
+    if (this.pending.length) {
+      const events = this.pending;
+      this.pending = [];
+      this.enqueue({ bytes: eventsFrame(events), events: events.length });
+    }
+    this.pump();
+  }
+
+  private enqueue(f: QueuedFrame): void {
+    this.queue.push(f);
+    this.queueBytes += f.bytes.byteLength;
+    while (this.queueBytes > this.limits.maxQueueBytes && this.queue.length > 1) {
+      const old = this.queue.shift()!;
+      this.queueBytes -= old.bytes.byteLength;
+      this.dropped += old.events;
+    }
+  }
+
+  /** Moves queued frames to the socket while it is below the high-water mark. */
+  pump(): void {
+    if (this.closed || this.ws.readyState !== WebSocket.OPEN) return;
+    while (this.queue.length && this.ws.bufferedAmount < this.limits.highWaterBytes) {
+      const f = this.queue.shift()!;
+      this.queueBytes -= f.bytes.byteLength;
+      this.sent += f.events;
+      this.ws.send(f.bytes, { binary: true });
+    }
+    const now = Date.now();
+    if (this.ws.bufferedAmount >= this.limits.highWaterBytes) {
+      this.aboveSince ??= now;
+      if (now - this.aboveSince >= this.limits.stuckAfterMs) {
+        this.closeWith(CLOSE.TOO_SLOW, 'TOO_SLOW', `client read too slowly for ${this.limits.stuckAfterMs} ms (${this.dropped} events dropped)`);
+      }
+    } else {
+      this.aboveSince = null;
+    }
+  }
+
+  /** Sends a fatal error then closes; for a stuck socket the close frame may never arrive, so terminate. */
+  closeWith(code: number, errCode: string, reason: string): void {
+    if (this.closed) return;
+    this.sendControl(errorFrame(errCode, reason, true), true);
+    this.ws.close(code, reason.slice(0, 120));
+    const t = setTimeout(() => this.ws.terminate(), 1000);
+    t.unref();
+    this.finish();
+  }
+
+  get queuedBytes(): number {
+    return this.queueBytes;
+  }
+
+  get bufferedAmount(): number {
+    return this.ws.bufferedAmount;
+  }
+}

@@ -1,0 +1,39 @@
+/** A client's subscription filter, compiled once into a predicate over events. */
+import { svctrace } from '../gen/svctrace';
+import { SvctraceError } from '../errors';
+
+import pb = svctrace.v1;
+
+export type EventPredicate = (e: pb.IEvent) => boolean;
+
+const DROP_LIKE = new Set<number>([pb.Stage.STAGE_DROP]);
+
+/** Throws BAD_INPUT when a list is longer than `maxEntries` or holds junk. */
+export function compileFilter(f: pb.IFilter | null | undefined, maxEntries: number): EventPredicate {
+  if (!f) return () => true;
+  const lists: Array<[string, unknown[] | null | undefined]> = [
+    ['services', f.services],
+    ['backends', f.backends],
+    ['namespaces', f.namespaces],
+    ['kinds', f.kinds],
+  ];
+  for (const [name, list] of lists) {
+    if (list && list.length > maxEntries) throw new SvctraceError('BAD_INPUT', `filter.${name} has ${list.length} entries (at most ${maxEntries})`);
+  }
+  const services = new Set(f.services ?? []);
+  const backends = new Set(f.backends ?? []);
+  const namespaces = new Set(f.namespaces ?? []);
+  const kinds = new Set((f.kinds ?? []).map(Number));
+  const dropsOnly = !!f.dropsOnly;
+  return (e) => {
+    if (dropsOnly && !DROP_LIKE.has(e.stage ?? 0)) return false;
+    if (services.size && !services.has(e.service ?? '')) return false;
+    if (kinds.size && !kinds.has(e.kind ?? 0)) return false;
+    if (backends.size) {
+      const b = e.backend ?? '';
+      if (!backends.has(b) && !backends.has(b.split(':')[0] ?? '')) return false;
+    }
+    if (namespaces.size && !namespaces.has(e.device?.netns ?? '') && !namespaces.has(e.backendNetns ?? '')) return false;
+    return true;
+  };
+}

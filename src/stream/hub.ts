@@ -1,0 +1,117 @@
+/**
+ * Fans events out to the connected clients: each batch is encoded once,
+ * offered to every client (which applies its own filter), and flushed every
+ * few ms. Also sends periodic status and flow updates, and keeps the counters
+ * /metrics reports.
+ */
+import os from 'node:os';
+import WebSocket from 'ws';
+import { svctrace } from '../gen/svctrace';
+import { ClientConn } from './client-conn';
+import { encodeEvents, serverFrame } from './frames';
+import { StreamLimits, DEFAULT_LIMITS, CLOSE } from './limits';
+import { VERSION } from '../version';
+
+import pb = svctrace.v1;
+
+/** What the hub needs from whatever produces events (a live tracer, a replay, a test). */
+export interface HubSource {
+  services: string[];
+  replay?: boolean;
+  /** Kernel-side losses so far. */
+  kernelLost(): number;
+  activeFlows(): number;
+  dropsByReason(): Record<string, number>;
+  /** Flows changed since the last call. */
+  takeChangedFlows?(): pb.IFlow[];
+}
+
+export class Hub {
+  readonly limits: StreamLimits;
+  private readonly clients = new Set<ClientConn>();
+  private nextId = 1;
+  eventsTotal = 0;
+  private lastRateAt = Date.now();
+  private lastRateEvents = 0;
+  private rate = 0;
+  private readonly timers: NodeJS.Timeout[] = [];
+
+  constructor(
+    private readonly source: HubSource,
+    limits: Partial<StreamLimits> = {},
+  ) {
+    this.limits = { ...DEFAULT_LIMITS, ...limits };
+    this.timers.push(setInterval(() => this.flushAll(), this.limits.flushMs));
+    this.timers.push(setInterval(() => this.sendStatus(), this.limits.statusEveryMs));
+    this.timers.push(setInterval(() => this.sendFlows(), this.limits.flowsEveryMs));
+    for (const t of this.timers) t.unref();
+  }
+
+  get clientCount(): number {
+    return this.clients.size;
+  }
+
+  clientList(): ClientConn[] {
+    return [...this.clients];
+  }
+
+  /** Adopts an accepted WebSocket; false when the server is full. */
+  add(ws: WebSocket, remote: string): ClientConn | null {
+    if (this.clients.size >= this.limits.maxClients) {
+      ws.close(CLOSE.TOO_MANY_CLIENTS, `too many clients (at most ${this.limits.maxClients})`);
+      return null;
+    }
+    const c = new ClientConn(this.nextId++, ws, remote, this.limits, (x) => this.clients.delete(x));
+    this.clients.add(c);
+    c.sendControl(serverFrame({ hello: { serverVersion: VERSION, services: this.source.services, node: os.hostname(), replay: !!this.source.replay } }));
+    return c;
+  }
+
+  /** Publishes a batch of events to every client. */
+  publish(events: pb.IEvent[]): void {
+    if (!events.length) return;
+    this.eventsTotal += events.length;
+    if (!this.clients.size) return;
+    const encoded = encodeEvents(events);
+    for (const c of this.clients) c.offer(encoded);
+  }
+
+  flushAll(): void {
+    for (const c of this.clients) c.flush();
+  }
+
+  private statusFor(c: ClientConn): pb.IStatus {
+    return {
+      eventsTotal: this.eventsTotal,
+      flowsActive: this.source.activeFlows(),
+      kernelLost: this.source.kernelLost(),
+      sent: c.sent,
+      dropped: c.dropped,
+      paused: c.paused,
+      clients: this.clients.size,
+      dropsByReason: this.source.dropsByReason(),
+      eventsPerSecond: this.rate,
+    };
+  }
+
+  sendStatus(): void {
+    const now = Date.now();
+    this.rate = ((this.eventsTotal - this.lastRateEvents) * 1000) / Math.max(1, now - this.lastRateAt);
+    this.lastRateAt = now;
+    this.lastRateEvents = this.eventsTotal;
+    for (const c of this.clients) c.sendControl(serverFrame({ status: this.statusFor(c) }));
+  }
+
+  private sendFlows(): void {
+    const changed = this.source.takeChangedFlows?.() ?? [];
+    if (!changed.length) return;
+    const frame = serverFrame({ flows: { flows: changed } });
+    for (const c of this.clients) if (c.wantsFlows && !c.paused) c.sendControl(frame);
+  }
+
+  /** Closes every client and stops the timers. */
+  close(): void {
+    for (const t of this.timers) clearInterval(t);
+    for (const c of this.clients) c.closeWith(CLOSE.SHUTDOWN, 'SHUTDOWN', 'server shutting down');
+  }
+}

@@ -1,0 +1,142 @@
+/**
+ * `svctrace serve`'s HTTP(S) + WebSocket server: /v1/events (the protobuf
+ * event stream), /healthz, /metrics, and / (the dashboard, when built).
+ * Authentication and origin checks happen before the WebSocket upgrade.
+ */
+import http from 'node:http';
+import https from 'node:https';
+import type { Duplex } from 'node:stream';
+import { WebSocketServer } from 'ws';
+import { SvctraceError } from '../errors';
+import { isLoopback, originOk, SUBPROTOCOL, tokenOk } from './auth';
+import { Hub, HubSource } from './hub';
+import { StreamLimits } from './limits';
+import { renderMetrics } from './metrics';
+import { svctrace } from '../gen/svctrace';
+
+import pb = svctrace.v1;
+
+export const DEFAULT_LISTEN = '127.0.0.1:7643';
+export const EVENTS_PATH = '/v1/events';
+
+export interface ServeOptions {
+  listen?: string;
+  token?: string;
+  tls?: { cert: Buffer; key: Buffer };
+  allowOrigins?: string[];
+  limits?: Partial<StreamLimits>;
+  /** Serves GET / and static assets (the dashboard). */
+  staticHandler?: (req: http.IncomingMessage, res: http.ServerResponse) => boolean;
+}
+
+/** Parses host:port ([v6]:port allowed); BAD_INPUT on junk. */
+export function parseListen(listen: string): { host: string; port: number } {
+  const m = /^(?:\[([0-9a-fA-F:.]+)\]|([^:\s]+)):(\d{1,5})$/.exec(listen.trim());
+  if (!m) throw new SvctraceError('BAD_INPUT', `--listen '${listen}' must look like HOST:PORT, e.g. 127.0.0.1:7643`);
+  const port = Number(m[3]);
+  if (port > 65535) throw new SvctraceError('BAD_INPUT', `--listen '${listen}': port must be 0-65535`);
+  return { host: (m[1] ?? m[2])!, port };
+}
+
+function rejectUpgrade(socket: Duplex, status: number, text: string, extra = ''): void {
+  socket.end(`HTTP/1.1 ${status} ${text}\r\nConnection: close\r\nContent-Type: text/plain\r\n${extra}Content-Length: ${text.length + 1}\r\n\r\n${text}\n`);
+}
+
+export class StreamServer {
+  readonly hub: Hub;
+  private readonly server: http.Server | https.Server;
+  private readonly wss: WebSocketServer;
+
+  private constructor(
+    private readonly source: HubSource,
+    private readonly opts: ServeOptions,
+  ) {
+    this.hub = new Hub(source, opts.limits);
+    this.wss = new WebSocketServer({
+      noServer: true,
+      maxPayload: this.hub.limits.maxClientMessageBytes,
+      perMessageDeflate: false, // protobuf batches compress poorly per frame; CPU matters more
+      handleProtocols: (protocols) => (protocols.has(SUBPROTOCOL) ? SUBPROTOCOL : false),
+    });
+    const handler = (req: http.IncomingMessage, res: http.ServerResponse) => this.onRequest(req, res);
+    this.server = opts.tls ? https.createServer({ cert: opts.tls.cert, key: opts.tls.key }, handler) : http.createServer(handler);
+    this.server.on('upgrade', (req, socket, head) => this.onUpgrade(req, socket, head));
+    this.server.on('clientError', (_err, socket) => socket.destroy());
+  }
+
+  static async start(source: HubSource, opts: ServeOptions = {}): Promise<StreamServer> {
+    const { host, port } = parseListen(opts.listen ?? DEFAULT_LISTEN);
+    if (!isLoopback(host) && !opts.token) {
+      throw new SvctraceError('BAD_INPUT', `listening on ${host} (beyond loopback) needs --token or --token-file`);
+    }
+    if (opts.token !== undefined && opts.token.length < 16) {
+      throw new SvctraceError('BAD_INPUT', 'the token must be at least 16 characters');
+    }
+    const s = new StreamServer(source, opts);
+    await new Promise<void>((resolve, reject) => {
+      s.server.once('error', (e: NodeJS.ErrnoException) =>
+        reject(new SvctraceError('BAD_INPUT', `cannot listen on ${host}:${port}: ${e.code === 'EADDRINUSE' ? 'address in use' : e.message}`)),
+      );
+      s.server.listen(port, host, () => resolve());
+    });
+    return s;
+  }
+
+  address(): { host: string; port: number } {
+    const a = this.server.address();
+    if (!a || typeof a === 'string') throw new SvctraceError('INTERNAL', 'server not listening');
+    return { host: a.address, port: a.port };
+  }
+
+  url(): string {
+    const { host, port } = this.address();
+    const h = host.includes(':') ? `[${host}]` : host;
+    return `${this.opts.tls ? 'wss' : 'ws'}://${h}:${port}${EVENTS_PATH}`;
+  }
+
+  publish(events: pb.IEvent[]): void {
+    this.hub.publish(events);
+  }
+
+  private onRequest(req: http.IncomingMessage, res: http.ServerResponse): void {
+    const path = (req.url ?? '/').split('?')[0];
+    if (path === '/healthz') {
+      res.writeHead(200, { 'content-type': 'text/plain' }).end('ok\n');
+      return;
+    }
+    if (!tokenOk(req, this.opts.token)) {
+      res.writeHead(401, { 'content-type': 'text/plain', 'www-authenticate': 'Bearer' }).end('unauthorized\n');
+      return;
+    }
+    if (path === '/metrics') {
+      res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4' }).end(renderMetrics(this.hub, this.source));
+      return;
+    }
+    if (path === EVENTS_PATH) {
+      res.writeHead(426, { 'content-type': 'text/plain', upgrade: 'websocket' }).end('use a WebSocket client\n');
+      return;
+    }
+    if (this.opts.staticHandler?.(req, res)) return;
+    res.writeHead(404, { 'content-type': 'text/plain' }).end('not found\n');
+  }
+
+  private onUpgrade(req: http.IncomingMessage, socket: Duplex, head: Buffer): void {
+    socket.on('error', () => socket.destroy());
+    const path = (req.url ?? '/').split('?')[0];
+    if (path !== EVENTS_PATH) return rejectUpgrade(socket, 404, 'Not Found');
+    if (!tokenOk(req, this.opts.token)) return rejectUpgrade(socket, 401, 'Unauthorized', 'WWW-Authenticate: Bearer\r\n');
+    if (!originOk(req, this.opts.allowOrigins ?? [])) return rejectUpgrade(socket, 403, 'Forbidden');
+    this.wss.handleUpgrade(req, socket, head, (ws) => {
+      this.hub.add(ws, `${req.socket.remoteAddress}:${req.socket.remotePort}`);
+    });
+  }
+
+  async close(): Promise<void> {
+    this.hub.close();
+    await new Promise<void>((resolve) => {
+      this.wss.close();
+      this.server.close(() => resolve());
+      this.server.closeAllConnections?.();
+    });
+  }
+}
