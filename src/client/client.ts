@@ -72,6 +72,8 @@ export class SvctraceClient {
   hello?: pb.IHello;
   lastStatus?: pb.Status;
   private handlers: ClientHandlers = {};
+  private readonly pongs = new Map<string, () => void>();
+  private nextNonce = 1;
 
   private constructor(private readonly ws: WebSocketLike) {}
 
@@ -111,9 +113,14 @@ export class SvctraceClient {
         }
         if (msg.body === 'hello' && !settled) {
           client.hello = msg.hello!;
-          if (opts.filter || opts.flows) client.subscribe(opts.filter ?? {}, !!opts.flows);
           settled = true;
-          resolve(client);
+          if (opts.filter || opts.flows) {
+            // Resolve once the server applied the filter.
+            client.subscribe(opts.filter ?? {}, !!opts.flows);
+            client.sync().then(() => resolve(client), reject);
+          } else {
+            resolve(client);
+          }
           return;
         }
         client.dispatch(msg);
@@ -142,6 +149,12 @@ export class SvctraceClient {
       case 'error':
         this.handlers.error?.(msg.error as pb.Error);
         break;
+      case 'pong': {
+        const key = String(msg.pong?.nonce ?? 0);
+        this.pongs.get(key)?.();
+        this.pongs.delete(key);
+        break;
+      }
       default:
         break;
     }
@@ -165,6 +178,25 @@ export class SvctraceClient {
 
   ping(nonce = Date.now()): void {
     this.send({ ping: { nonce } });
+  }
+
+  /**
+   * Resolves when the server has processed everything sent before (a ping
+   * answered in order): e.g. after subscribe(), before relying on the filter.
+   */
+  sync(timeoutMs = 5000): Promise<void> {
+    const nonce = this.nextNonce++;
+    return new Promise((resolve, reject) => {
+      const t = setTimeout(() => {
+        this.pongs.delete(String(nonce));
+        reject(new ClientError('no answer from the server', 'TIMEOUT'));
+      }, timeoutMs);
+      this.pongs.set(String(nonce), () => {
+        clearTimeout(t);
+        resolve();
+      });
+      this.ping(nonce);
+    });
   }
 
   close(): void {

@@ -53,7 +53,7 @@ export function registerServe(program: Command): void {
         await tracer.stop();
         throw e;
       }
-      process.stderr.write(`svctrace: tracing ${services.map((s) => s.text).join(', ')}; streaming at ${server.url()}; Ctrl-C to stop\n`);
+      process.stderr.write(`svctrace: tracing ${services.map((s) => s.text).join(', ')}; streaming at ${server.url()} (Ctrl-C to stop)\n`);
       await waitForStop(duration);
       await server.close();
       const { summary, stats } = await tracer.stop();

@@ -1,0 +1,200 @@
+/**
+ * The streaming server with a synthetic event source: filters, backpressure,
+ * authentication, origin checks, limits and hostile input.
+ */
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import http from 'node:http';
+import crypto from 'node:crypto';
+import { StreamServer } from '../../src/stream/server';
+import { eventsFrame, encodeEvents } from '../../src/stream/frames';
+import { SvctraceError } from '../../src/errors';
+import { svctrace } from '../../src/gen/svctrace';
+import { connect } from '../../src/client/node';
+import { makeEvent, RawClient, syntheticSource } from '../helpers/stream';
+import { waitFor } from '../helpers/flows';
+
+import pb = svctrace.v1;
+
+function get(url: string, headers: Record<string, string> = {}): Promise<{ status: number; body: string }> {
+  return new Promise((resolve, reject) => {
+    http.get(url, { headers }, (res) => {
+      let body = '';
+      res.on('data', (d) => (body += d));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
+    }).on('error', reject);
+  });
+}
+
+describe('frames', () => {
+  it('an events frame built from pre-encoded events decodes as a ServerMessage with those events', () => {
+    const events = [makeEvent(1), makeEvent(2, { stage: pb.Stage.STAGE_DROP, dropReasonName: 'NO_SOCKET' })];
+    const msg = pb.ServerMessage.decode(eventsFrame(encodeEvents(events)));
+    assert.equal(msg.version, pb.ProtocolVersion.PROTOCOL_VERSION_1);
+    assert.equal(msg.body, 'events');
+    assert.equal(msg.events!.events!.length, 2);
+    assert.equal(msg.events!.events![1]!.dropReasonName, 'NO_SOCKET');
+    assert.equal(msg.events!.events![0]!.summary, events[0]!.summary);
+  });
+});
+
+describe('stream server', () => {
+  let server: StreamServer;
+  let url: string;
+  before(async () => {
+    server = await StreamServer.start(syntheticSource(), { listen: '127.0.0.1:0', limits: { stuckAfterMs: 1500, maxQueueBytes: 512 * 1024, highWaterBytes: 256 * 1024 } });
+    url = server.url();
+  });
+  after(async () => {
+    await server.close();
+  });
+
+  it('two clients with different filters each get exactly their events', async () => {
+    const a = new RawClient(url);
+    const b = new RawClient(url);
+    await Promise.all([a.opened, b.opened]);
+    a.send({ subscribe: { filter: { services: ['10.96.0.10:53/udp'] } } });
+    b.send({ subscribe: { filter: { backends: ['10.244.1.10'], kinds: [pb.EventKind.EVENT_KIND_NETFILTER] } } });
+    await new Promise((r) => setTimeout(r, 100));
+    const events = Array.from({ length: 300 }, (_, i) => makeEvent(i));
+    server.publish(events);
+    const wantA = events.filter((e) => e.service === '10.96.0.10:53/udp').length;
+    const wantB = events.filter((e) => e.backend === '10.244.1.10:8080').length;
+    assert.ok(await waitFor(() => a.eventCount === wantA && b.eventCount === wantB, 3000), `a ${a.eventCount}/${wantA} b ${b.eventCount}/${wantB}`);
+    assert.ok(a.events.every((e) => e.service === '10.96.0.10:53/udp'));
+    assert.ok(b.events.every((e) => e.backend === '10.244.1.10:8080'));
+    a.ws.close();
+    b.ws.close();
+  });
+
+  it('a client that does not read: memory stays bounded, the fast client gets everything, the slow one is told and then dropped', async () => {
+    const fast = new RawClient(url);
+    const slow = new RawClient(url);
+    const stuck = new RawClient(url);
+    fast.keepEvents = false;
+    await Promise.all([fast.opened, slow.opened, stuck.opened]);
+    // "Never reads": stop reading from the TCP socket.
+    (slow.ws as unknown as { _socket: { pause(): void } })._socket.pause();
+    (stuck.ws as unknown as { _socket: { pause(): void } })._socket.pause();
+    global.gc?.();
+    const rssBefore = process.memoryUsage().rss;
+    const N = 200_000;
+    const padding = 'x'.repeat(200);
+    let peak = rssBefore;
+    for (let i = 0; i < N; i += 1000) {
+      server.publish(Array.from({ length: 1000 }, (_, j) => makeEvent(i + j, { summary: padding })));
+      await new Promise((r) => setImmediate(r));
+      if (i % 20_000 === 0) peak = Math.max(peak, process.memoryUsage().rss);
+    }
+    assert.ok(await waitFor(() => fast.eventCount === N, 20_000), `fast client got ${fast.eventCount}/${N}`);
+    peak = Math.max(peak, process.memoryUsage().rss);
+    const growthMB = (peak - rssBefore) / 1e6;
+    // ~50 MB of frames went out; two clients kept none of it beyond their bounded queues.
+    assert.ok(growthMB < 120, `RSS grew by ${growthMB.toFixed(0)} MB`);
+    // The slow client catches up and learns what it missed.
+    (slow.ws as unknown as { _socket: { resume(): void } })._socket.resume();
+    assert.ok(await waitFor(() => slow.statuses.some((s) => Number(s.dropped) > 0), 5000), 'slow client saw dropped > 0');
+    const clients = server.hub.clientList();
+    assert.ok(clients.some((c) => c.dropped > 0));
+    // The stuck client is disconnected, with a reason.
+    assert.ok(await waitFor(() => server.hub.clientCount <= 2, 10_000), 'stuck client was disconnected');
+    fast.ws.close();
+    slow.ws.close();
+    stuck.ws.terminate();
+  });
+
+  it('garbage from one client gets errors; the server keeps serving others', async () => {
+    const good = new RawClient(url);
+    const bad = new RawClient(url);
+    await Promise.all([good.opened, bad.opened]);
+    bad.ws.send(crypto.randomBytes(200));
+    bad.ws.send('{"subscribe": "text frame"}');
+    bad.ws.send(pb.ClientMessage.encode({ subscribe: { filter: { services: Array.from({ length: 1000 }, (_, i) => `s${i}`) } } }).finish());
+    bad.ws.send(Buffer.from([0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f]));
+    assert.ok(await waitFor(() => bad.errors.length >= 3, 3000), `errors: ${bad.errors.map((e) => e.code)}`);
+    assert.ok(bad.errors.some((e) => e.code === 'BAD_FILTER' && /at most/.test(e.message!)));
+    assert.ok(bad.errors.some((e) => e.code === 'BAD_MESSAGE'));
+    assert.equal(bad.closed, null, 'a bad message does not close the connection');
+    // A frame over the size limit closes only that connection.
+    const huge = new RawClient(url);
+    await huge.opened;
+    huge.ws.send(Buffer.alloc(200 * 1024));
+    assert.ok(await waitFor(() => huge.closed !== null, 3000));
+    assert.equal(huge.closed!.code, 1009);
+    server.publish([makeEvent(7)]);
+    assert.ok(await waitFor(() => good.eventCount === 1, 3000), 'the good client still gets events');
+    good.ws.close();
+    bad.ws.close();
+  });
+
+  it('ping/pong, pause/resume and the typed client', async () => {
+    const seen: pb.Event[] = [];
+    const c = await connect({ url, filter: { dropsOnly: true } }, { events: (e) => seen.push(...e) });
+    assert.equal(c.hello?.services?.length, 2);
+    await c.sync();
+    server.publish([makeEvent(1), makeEvent(2, { stage: pb.Stage.STAGE_DROP })]);
+    assert.ok(await waitFor(() => seen.length === 1, 3000));
+    c.pause();
+    await c.sync();
+    server.publish([makeEvent(3, { stage: pb.Stage.STAGE_DROP })]);
+    await new Promise((r) => setTimeout(r, 100));
+    assert.equal(seen.length, 1, 'paused');
+    c.resume();
+    await c.sync();
+    server.publish([makeEvent(4, { stage: pb.Stage.STAGE_DROP })]);
+    assert.ok(await waitFor(() => seen.length === 2, 3000));
+    c.close();
+  });
+
+  it('/healthz and /metrics', async () => {
+    const base = url.replace('ws://', 'http://').replace('/v1/events', '');
+    assert.deepEqual(await get(`${base}/healthz`), { status: 200, body: 'ok\n' });
+    const m = await get(`${base}/metrics`);
+    assert.equal(m.status, 200);
+    assert.match(m.body, /^svctrace_events_total \d+$/m);
+    assert.match(m.body, /# TYPE svctrace_client_events_dropped_total counter/);
+    assert.equal((await get(`${base}/v1/events`)).status, 426);
+    assert.equal((await get(`${base}/nope`)).status, 404);
+  });
+
+  it('refuses a browser from another origin', async () => {
+    const evil = new RawClient(url, { headers: { Origin: 'http://evil.example' } });
+    await assert.rejects(evil.opened, /HTTP 403/);
+    const same = new RawClient(url, { headers: { Origin: url.replace('ws://', 'http://').replace('/v1/events', '') } });
+    await same.opened;
+    same.ws.close();
+  });
+});
+
+describe('stream server with a token', () => {
+  const token = crypto.randomBytes(16).toString('hex');
+  let server: StreamServer;
+  before(async () => {
+    server = await StreamServer.start(syntheticSource(), { listen: '127.0.0.1:0', token });
+  });
+  after(async () => {
+    await server.close();
+  });
+
+  it('no token or a wrong token: 401 before the upgrade', async () => {
+    await assert.rejects(new RawClient(server.url()).opened, /HTTP 401/);
+    await assert.rejects(new RawClient(server.url(), { headers: { Authorization: 'Bearer wrong-token-000000' } }).opened, /HTTP 401/);
+    const base = server.url().replace('ws://', 'http://').replace('/v1/events', '');
+    assert.equal((await get(`${base}/metrics`)).status, 401);
+    assert.equal((await get(`${base}/healthz`)).status, 200);
+  });
+
+  it('the right token as a header or as a subprotocol', async () => {
+    const h = new RawClient(server.url(), { headers: { Authorization: `Bearer ${token}` } });
+    await h.opened;
+    h.ws.close();
+    const c = await connect({ url: server.url(), token });
+    assert.ok(c.hello);
+    c.close();
+  });
+
+  it('listening beyond loopback without a token is refused before binding', async () => {
+    await assert.rejects(StreamServer.start(syntheticSource(), { listen: '0.0.0.0:0' }), (e: unknown) => e instanceof SvctraceError && /needs --token/.test(e.message));
+    await assert.rejects(StreamServer.start(syntheticSource(), { listen: 'nonsense' }), /HOST:PORT/);
+  });
+});
