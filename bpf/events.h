@@ -103,9 +103,24 @@ struct svt_event {
 	char link_kind[8];       /* rtnl link kind of the device: "veth", "bridge", "vxlan", "" */
 	__u8 icmp_type;          /* ICMP packets (e.g. port unreachable for a REJECT) */
 	__u8 icmp_code;
-	__u8 _pad[6];
+	__u16 cap_len;           /* bytes of the packet captured after the event (svt_event_cap) */
+	__u8 _pad[4];
 };
 SVT_STATIC_ASSERT(sizeof(struct svt_event) == 160, "svt_event ABI changed");
+
+/* Most bytes of a packet (from its IP header) an event can carry. */
+#define SVT_MAX_SNAPLEN 128
+
+/*
+ * With packet capture on (the loader's targ_snaplen > 0), every record is
+ * this larger one: the event, then cap_len valid bytes of the packet
+ * starting at its IP header. `size` tells the reader which kind it got.
+ */
+struct svt_event_cap {
+	struct svt_event ev;
+	__u8 data[SVT_MAX_SNAPLEN];
+};
+SVT_STATIC_ASSERT(sizeof(struct svt_event_cap) == 288, "svt_event_cap ABI changed");
 
 /* Value of the svt_flows map: which tracked flow a wire tuple belongs to. */
 struct svt_flow_ref {

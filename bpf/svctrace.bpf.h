@@ -12,6 +12,9 @@
 
 extern unsigned int CONFIG_HZ __kconfig;
 
+/* Bytes of each packet to capture (0 = off), set by the loader before load. */
+const volatile __u32 targ_snaplen = 0;
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, SVT_RINGBUF_BYTES);
@@ -35,15 +38,24 @@ static __always_inline void svt_count(__u32 idx)
 /* Reserve a zeroed event; a full ring buffer is counted, never retried. */
 static __always_inline struct svt_event *svt_reserve(__u16 kind)
 {
-	struct svt_event *e = bpf_ringbuf_reserve(&svt_events, sizeof(*e), 0);
+	struct svt_event *e;
+	__u16 size;
 
+	/* targ_snaplen is frozen at load: the verifier sees one constant size. */
+	if (targ_snaplen) {
+		e = bpf_ringbuf_reserve(&svt_events, sizeof(struct svt_event_cap), 0);
+		size = sizeof(struct svt_event_cap);
+	} else {
+		e = bpf_ringbuf_reserve(&svt_events, sizeof(struct svt_event), 0);
+		size = sizeof(struct svt_event);
+	}
 	if (!e) {
 		svt_count(SVT_CNT_RINGBUF_LOST);
 		return NULL;
 	}
 	__builtin_memset(e, 0, sizeof(*e));
 	e->kind = kind;
-	e->size = sizeof(*e);
+	e->size = size;
 	e->cpu = bpf_get_smp_processor_id();
 	e->ts_ns = bpf_ktime_get_ns();
 	return e;
@@ -133,6 +145,30 @@ static __always_inline int read_tuple_at(struct svt_tuple *t, unsigned char *nh)
 	return 0;
 }
 
+/* Copies up to targ_snaplen bytes of the packet from its IP header (the
+ * linear part only: headers always are) into the record's tail. */
+static __always_inline void capture(struct svt_event *e, struct sk_buff *skb, unsigned char *nh)
+{
+	struct svt_event_cap *c = (struct svt_event_cap *)e;
+	unsigned char *end;
+	__u64 avail;
+	__u32 len;
+
+	if (!targ_snaplen)
+		return;
+	end = BPF_CORE_READ(skb, head) + BPF_CORE_READ(skb, tail);
+	if (end <= nh)
+		return;
+	avail = end - nh;
+	len = targ_snaplen < SVT_MAX_SNAPLEN ? targ_snaplen : SVT_MAX_SNAPLEN;
+	if (avail < len)
+		len = avail;
+	if (len == 0 || len > SVT_MAX_SNAPLEN)
+		return;
+	if (bpf_probe_read_kernel(c->data, len, nh) == 0)
+		e->cap_len = len;
+}
+
 /* Fills the packet fields from the IP header at nh. */
 static __always_inline void fill_skb(struct svt_event *e, struct sk_buff *skb, unsigned char *nh)
 {
@@ -141,6 +177,7 @@ static __always_inline void fill_skb(struct svt_event *e, struct sk_buff *skb, u
 
 	e->skb_id = (__u64)skb;
 	e->pkt_len = BPF_CORE_READ(skb, len);
+	capture(e, skb, nh);
 	if (read_tuple_at(&e->pkt, nh))
 		return;
 	if (bpf_probe_read_kernel(&iph, sizeof(iph), nh))

@@ -69,6 +69,7 @@ Napi::Value Layout(const Napi::CallbackInfo& info) {
   SVT_FIELD(ev, svt_event, link_kind);
   SVT_FIELD(ev, svt_event, icmp_type);
   SVT_FIELD(ev, svt_event, icmp_code);
+  SVT_FIELD(ev, svt_event, cap_len);
   out.Set("svt_event", StructLayout(env, sizeof(svt_event), ev));
 
   Napi::Object kinds = Napi::Object::New(env);
@@ -86,6 +87,8 @@ Napi::Value Layout(const Napi::CallbackInfo& info) {
   consts.Set("MAX_SERVICES", Napi::Number::New(env, SVT_MAX_SERVICES));
   consts.Set("STAGE_BEFORE_NAT", Napi::Number::New(env, SVT_STAGE_BEFORE_NAT));
   consts.Set("STAGE_AFTER_NAT", Napi::Number::New(env, SVT_STAGE_AFTER_NAT));
+  consts.Set("MAX_SNAPLEN", Napi::Number::New(env, SVT_MAX_SNAPLEN));
+  consts.Set("EVENT_CAP_SIZE", Napi::Number::New(env, sizeof(svt_event_cap)));
   consts.Set("DIR_ORIGINAL", Napi::Number::New(env, SVT_DIR_ORIGINAL));
   consts.Set("DIR_REPLY", Napi::Number::New(env, SVT_DIR_REPLY));
   out.Set("consts", consts);

@@ -43,13 +43,15 @@ void RingReader::Stop() {
 int RingReader::OnSample(void* ctx, void* data, size_t size) {
   auto* self = static_cast<RingReader*>(ctx);
   const auto* ev = static_cast<const svt_event*>(data);
-  // Records are written by our own BPF object; a size mismatch means the
-  // object and the addon disagree on the ABI. Skip and count, never crash.
-  if (size < sizeof(svt_event) || ev->size != sizeof(svt_event)) {
+  // Records are written by our own BPF object: a plain event, or one with a
+  // packet capture. Any other size means the object and the addon disagree
+  // on the ABI: skip and count, never crash.
+  if (size < sizeof(svt_event) || (ev->size != sizeof(svt_event) && ev->size != sizeof(svt_event_cap)) ||
+      size < ev->size) {
     self->malformed_++;
     return 0;
   }
-  self->sink_->Append(data, sizeof(svt_event));
+  self->sink_->Append(data, ev->size);
   self->records_++;
   return 0;
 }

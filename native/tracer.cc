@@ -57,9 +57,21 @@ Napi::Function Tracer::Init(Napi::Env env) {
                      });
 }
 
+// new Tracer({ snaplen? }): snaplen = bytes of each packet to capture (0 = off).
 Tracer::Tracer(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Tracer>(info), env_(info.Env()) {
+  uint32_t snaplen = 0;
+  if (info.Length() > 0 && info[0].IsObject()) {
+    Napi::Value v = info[0].As<Napi::Object>().Get("snaplen");
+    if (!v.IsUndefined()) {
+      if (!v.IsNumber()) throw Napi::TypeError::New(info.Env(), "snaplen must be a number");
+      snaplen = v.As<Napi::Number>().Uint32Value();
+      if (snaplen > SVT_MAX_SNAPLEN)
+        throw Napi::RangeError::New(info.Env(), "snaplen must be 0.." + std::to_string(SVT_MAX_SNAPLEN));
+    }
+  }
   skel_ = svctrace_bpf__open();
   if (!skel_) ThrowErrno(info.Env(), "svctrace_bpf__open", errno);
+  skel_->rodata->targ_snaplen = snaplen;
   napi_add_env_cleanup_hook(env_, &Tracer::CleanupHook, this);
 }
 

@@ -11,6 +11,7 @@ import { registerDemo } from './commands/demo';
 import { registerLab } from './commands/lab';
 import { registerServe } from './commands/serve';
 import { registerWatch } from './commands/watch';
+import { registerEvidence } from './commands/evidence';
 import { VERSION } from '../version';
 
 export function buildProgram(): Command {
@@ -28,6 +29,7 @@ export function buildProgram(): Command {
   registerLab(program);
   registerServe(program);
   registerWatch(program);
+  registerEvidence(program);
   for (const cmd of program.commands) cmd.exitOverride();
   return program;
 }
@@ -57,11 +59,10 @@ export function reportError(e: unknown, verbose: boolean): number {
 export async function main(argv: string[] = process.argv): Promise<void> {
   const verbose = verboseRequested(argv);
   if (verbose) process.env.SVCTRACE_VERBOSE = '1'; // read by the addon when it loads
-  let code = 0;
   try {
     await buildProgram().parseAsync(argv);
   } catch (e) {
-    code = reportError(e, verbose);
+    // Commands set process.exitCode themselves for "ran fine, answer is no" (doctor, verify).
+    process.exitCode = reportError(e, verbose);
   }
-  process.exitCode = code;
 }

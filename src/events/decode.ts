@@ -4,7 +4,7 @@
  * the record; everything else is little-endian host order.
  */
 import os from 'node:os';
-import { EVENT, TUPLE } from './layout';
+import { EVENT, EVENT_CAP_SIZE, TUPLE } from './layout';
 
 if (os.endianness() !== 'LE') {
   // The ABI is host order; the decoder reads little-endian. Say so loudly.
@@ -55,6 +55,8 @@ export interface KernelEvent {
   linkKind: string;
   icmpType: number;
   icmpCode: number;
+  /** The packet's first bytes from its IP header, when capture is on. */
+  capture?: Uint8Array;
 }
 
 export class DecodeError extends Error {
@@ -100,8 +102,12 @@ export function decodeEvent(buf: Uint8Array, o: number): KernelEvent {
 
 function decodeAt(dv: DataView, b: Uint8Array, o: number): KernelEvent {
   const size = dv.getUint16(o + F.size[0], true);
-  if (size !== EVENT.size) throw new DecodeError(`record at offset ${o} has size ${size}, expected ${EVENT.size}`);
-  return {
+  if (size !== EVENT.size && size !== EVENT_CAP_SIZE) {
+    throw new DecodeError(`record at offset ${o} has size ${size}, expected ${EVENT.size} or ${EVENT_CAP_SIZE}`);
+  }
+  if (o + size > b.byteLength) throw new DecodeError(`record at offset ${o} (${size} bytes) runs past the batch end`);
+  const capLen = dv.getUint16(o + F.cap_len[0], true);
+  const e: KernelEvent = {
     kind: dv.getUint16(o + F.kind[0], true),
     cpu: dv.getUint32(o + F.cpu[0], true),
     tsNs: dv.getBigUint64(o + F.ts_ns[0], true),
@@ -132,15 +138,27 @@ function decodeAt(dv: DataView, b: Uint8Array, o: number): KernelEvent {
     icmpType: dv.getUint8(o + F.icmp_type[0]),
     icmpCode: dv.getUint8(o + F.icmp_code[0]),
   };
+  if (size === EVENT_CAP_SIZE && capLen > 0) {
+    if (capLen > EVENT_CAP_SIZE - EVENT.size) throw new DecodeError(`record at offset ${o} claims ${capLen} captured bytes`);
+    e.capture = b.slice(o + EVENT.size, o + EVENT.size + capLen);
+  }
+  return e;
 }
 
-/** Decodes a whole batch; a buffer that is not a whole number of records is rejected. */
+/**
+ * Decodes a whole batch: consecutive records, each `size` bytes long (a plain
+ * event, or one carrying a packet capture). A batch that does not end on a
+ * record boundary is rejected.
+ */
 export function decodeBatch(buf: Uint8Array): KernelEvent[] {
-  if (buf.byteLength % EVENT.size !== 0) {
-    throw new DecodeError(`batch of ${buf.byteLength} bytes is not a multiple of ${EVENT.size}`);
-  }
   const dv = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
-  const out: KernelEvent[] = new Array(buf.byteLength / EVENT.size);
-  for (let i = 0, o = 0; o < buf.byteLength; i++, o += EVENT.size) out[i] = decodeAt(dv, buf, o);
+  const out: KernelEvent[] = [];
+  let o = 0;
+  while (o < buf.byteLength) {
+    if (buf.byteLength - o < EVENT.size) throw new DecodeError(`batch of ${buf.byteLength} bytes ends inside a record at offset ${o}`);
+    const e = decodeAt(dv, buf, o);
+    out.push(e);
+    o += dv.getUint16(o + F.size[0], true);
+  }
   return out;
 }

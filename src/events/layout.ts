@@ -42,8 +42,13 @@ export const EVENT = {
     link_kind: [144, 8],
     icmp_type: [152, 1],
     icmp_code: [153, 1],
+    cap_len: [154, 2],
   },
 } as const;
+
+/** Most packet bytes a record carries (SVT_MAX_SNAPLEN); with capture on every record is EVENT_CAP_SIZE long. */
+export const MAX_SNAPLEN = 128;
+export const EVENT_CAP_SIZE = EVENT.size + MAX_SNAPLEN;
 
 /** enum svt_event_kind */
 export const EventKind = { NF: 1, DEV_XMIT: 2, DEV_RECV: 3, DROP: 4, FIB: 5, CT_DESTROY: 6 } as const;

@@ -50,6 +50,7 @@ export function toProtoEvent(e: KernelEvent, ctx: EventContext): pb.IEvent {
     direction: e.dir === Dir.REPLY ? pb.Direction.DIRECTION_REPLY : pb.Direction.DIRECTION_ORIGINAL,
     cpu: e.cpu,
   };
+  if (e.capture) out.packetData = e.capture;
   if (ctx.backend) out.backend = ctx.backend;
   if (ctx.backendNetns) out.backendNetns = ctx.backendNetns;
   if (e.kind !== EventKind.CT_DESTROY) {
@@ -97,5 +98,5 @@ export function toProtoEvent(e: KernelEvent, ctx: EventContext): pb.IEvent {
 
 /** proto3 canonical JSON of an Event (what `trace -o json` prints, one per line). */
 export function eventToJson(ev: pb.IEvent): string {
-  return JSON.stringify(pb.Event.toObject(pb.Event.fromObject(ev), { longs: String, enums: String, json: true }));
+  return JSON.stringify(pb.Event.toObject(pb.Event.fromObject(ev), { longs: String, enums: String, bytes: String, json: true }));
 }

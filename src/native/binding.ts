@@ -65,7 +65,7 @@ export interface NativeTracer {
 }
 
 export interface NativeBinding {
-  Tracer: new () => NativeTracer;
+  Tracer: new (opts?: { snaplen?: number }) => NativeTracer;
   probeFeatures(): NativeFeatures;
   layout(): NativeLayout;
   dropReasons(): Record<string, string>;

@@ -21,6 +21,7 @@ export interface FlowTracerOptions {
   onExpired?: (flows: Flow[]) => void;
   closeGraceMs?: number;
   maxFlows?: number;
+  snaplen?: number;
 }
 
 /** State the event callback fills before the FlowTracer object exists. */
@@ -58,6 +59,7 @@ export class FlowTracer {
     const session = TraceSession.start({
       services: opts.services,
       netns: opts.netns,
+      snaplen: opts.snaplen,
       onEvents: (events) => {
         const items = table.ingest(events);
         for (const { flow } of items) {

@@ -13,6 +13,8 @@ export interface SessionOptions {
   /** Namespaces (names or paths) to attach the netfilter observers in. */
   netns: string[];
   onEvents: (events: KernelEvent[]) => void;
+  /** Packet bytes to capture per event (0 = off, the default). */
+  snaplen?: number;
 }
 
 export class TraceSession {
@@ -29,7 +31,7 @@ export class TraceSession {
   static start(opts: SessionOptions): TraceSession {
     if (opts.services.length === 0) throw new SvctraceError('BAD_INPUT', 'give at least one --service IP:port or --nodeport PORT');
     if (opts.netns.length === 0) throw new SvctraceError('BAD_INPUT', 'give at least one network namespace to attach in');
-    const tracer = Tracer.open();
+    const tracer = Tracer.open({ snaplen: opts.snaplen });
     try {
       tracer.setServices(opts.services);
       for (const ns of opts.netns) tracer.attachNetns(ns);
@@ -62,19 +64,26 @@ export class TraceSession {
   }
 }
 
-/** Resolves after `seconds`, or on SIGINT/SIGTERM, whichever comes first. */
-export function waitForStop(seconds: number | undefined): Promise<'timeout' | 'signal'> {
+/**
+ * Resolves after `seconds`, on SIGINT/SIGTERM, or when `abort` fires,
+ * whichever comes first; it always removes its signal handlers.
+ */
+export function waitForStop(seconds: number | undefined, abort?: AbortSignal): Promise<'timeout' | 'signal' | 'aborted'> {
   return new Promise((resolve) => {
     let timer: NodeJS.Timeout | undefined;
     const onSignal = () => finish('signal');
-    const finish = (why: 'timeout' | 'signal') => {
+    const onAbort = () => finish('aborted');
+    const finish = (why: 'timeout' | 'signal' | 'aborted') => {
       if (timer) clearTimeout(timer);
       process.off('SIGINT', onSignal);
       process.off('SIGTERM', onSignal);
+      abort?.removeEventListener('abort', onAbort);
       resolve(why);
     };
     process.on('SIGINT', onSignal);
     process.on('SIGTERM', onSignal);
+    if (abort?.aborted) return finish('aborted');
+    abort?.addEventListener('abort', onAbort);
     if (seconds !== undefined) timer = setTimeout(() => finish('timeout'), seconds * 1000);
   });
 }

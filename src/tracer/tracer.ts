@@ -42,12 +42,12 @@ export class Tracer {
     installExitHook();
   }
 
-  /** Opens and loads the BPF programs (verifier runs here). */
-  static open(): Tracer {
+  /** Opens and loads the BPF programs (verifier runs here). snaplen: packet bytes to capture per event (0 = off). */
+  static open(opts: { snaplen?: number } = {}): Tracer {
     const binding = loadBinding();
     let native: NativeTracer;
     try {
-      native = new binding.Tracer();
+      native = new binding.Tracer({ snaplen: opts.snaplen ?? 0 });
       native.load();
     } catch (e) {
       throw fromNativeError(e);

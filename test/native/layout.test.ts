@@ -1,7 +1,7 @@
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { loadBinding } from '../../src/native/binding';
-import { Dir, EVENT, EventKind, NF_PRIO_DNAT, NF_PRIO_SNAT, NfStage, TUPLE } from '../../src/events/layout';
+import { Dir, EVENT, EVENT_CAP_SIZE, EventKind, MAX_SNAPLEN, NF_PRIO_DNAT, NF_PRIO_SNAT, NfStage, TUPLE } from '../../src/events/layout';
 
 // The addon reports the layout bpf/events.h compiled to; the decoder's
 // literal offsets must match it field by field.
@@ -29,5 +29,7 @@ describe('event ABI parity (bpf/events.h vs src/events/layout.ts)', () => {
     assert.equal(native.consts.STAGE_AFTER_NAT, NfStage.AFTER_NAT);
     assert.equal(native.consts.DIR_ORIGINAL, Dir.ORIGINAL);
     assert.equal(native.consts.DIR_REPLY, Dir.REPLY);
+    assert.equal(native.consts.MAX_SNAPLEN, MAX_SNAPLEN);
+    assert.equal(native.consts.EVENT_CAP_SIZE, EVENT_CAP_SIZE);
   });
 });

@@ -1,7 +1,7 @@
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { decodeBatch, DecodeError } from '../../src/events/decode';
-import { EVENT, EventKind } from '../../src/events/layout';
+import { EVENT, EVENT_CAP_SIZE, EventKind } from '../../src/events/layout';
 
 const F = EVENT.fields;
 
@@ -55,7 +55,17 @@ describe('decodeBatch', () => {
   });
 
   it('rejects a batch that is not whole records', () => {
-    assert.throws(() => decodeBatch(Buffer.alloc(EVENT.size + 3)), DecodeError);
+    assert.throws(() => decodeBatch(Buffer.concat([record(), Buffer.alloc(3)])), DecodeError);
+  });
+
+  it('decodes a record carrying a packet capture, and strides over it', () => {
+    const cap = Buffer.concat([record({ size: EVENT_CAP_SIZE }), Buffer.alloc(EVENT_CAP_SIZE - EVENT.size)]);
+    cap.writeUInt16LE(4, EVENT.fields.cap_len[0]);
+    Buffer.from([0x45, 0, 0, 60]).copy(cap, EVENT.size);
+    const evs = decodeBatch(Buffer.concat([cap, record()]));
+    assert.equal(evs.length, 2);
+    assert.deepEqual([...evs[0]!.capture!], [0x45, 0, 0, 60]);
+    assert.equal(evs[1]!.capture, undefined);
   });
 
   it('rejects a record whose size field disagrees with the ABI', () => {

@@ -4,10 +4,8 @@ import { connect } from '../../client/node';
 import { eventToJson } from '../../flows/to-proto';
 import { DEFAULT_LISTEN, EVENTS_PATH } from '../../stream/server';
 import { waitForStop } from '../../tracer/session';
-import { svctrace } from '../../gen/svctrace';
+import { eventLine } from '../../output/event-line';
 import { collect, parseDuration, readToken } from '../options';
-
-import pb = svctrace.v1;
 
 interface WatchOptions {
   token?: string;
@@ -20,7 +18,6 @@ interface WatchOptions {
   duration?: string;
 }
 
-const STAGE = (s: number | null | undefined) => (pb.Stage[s ?? 0] ?? 'STAGE_UNSPECIFIED').replace('STAGE_', '').toLowerCase();
 
 export function registerWatch(program: Command): void {
   program
@@ -55,7 +52,7 @@ export function registerWatch(program: Command): void {
             {
               events: (events) => {
                 const lines = events.map((e) =>
-                  opts.output === 'json' ? eventToJson(e) : `[flow ${String(e.flowId)}] ${STAGE(e.stage).padEnd(6)} ${e.summary}`,
+                  opts.output === 'json' ? eventToJson(e) : eventLine(e),
                 );
                 if (lines.length) process.stdout.write(lines.join('\n') + '\n');
               },

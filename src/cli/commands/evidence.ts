@@ -1,0 +1,175 @@
+/** record, verify, replay, export, inspect: the evidence commands. */
+import { Command } from 'commander';
+import { SvctraceError } from '../../errors';
+import { CURRENT_NETNS } from '../../tracer/netns';
+import { waitForStop } from '../../tracer/session';
+import { record } from '../../record/recorder';
+import { readRecording, Recording } from '../../record/reader';
+import { parseSpeed, replay } from '../../record/replay';
+import { exportJson, exportPcapng } from '../../record/export';
+import { inspect } from '../../record/inspect';
+import { eventToJson } from '../../flows/to-proto';
+import { eventLine } from '../../output/event-line';
+import { DEFAULT_LISTEN, StreamServer } from '../../stream/server';
+import { MAX_SNAPLEN } from '../../events/layout';
+import { addSelectionOptions, parseDuration, readToken, SelectionOptions, servicesFrom } from '../options';
+import fs from 'node:fs';
+
+function requireFile(path: string): void {
+  let st: fs.Stats;
+  try {
+    st = fs.statSync(path);
+  } catch (e) {
+    throw new SvctraceError('BAD_INPUT', `cannot read ${path}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+  }
+  if (!st.isFile()) throw new SvctraceError('BAD_INPUT', `${path} is not a file`);
+}
+
+function parseSnaplen(v: string): number {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 0 || n > MAX_SNAPLEN) throw new SvctraceError('BAD_INPUT', `--snaplen must be 0..${MAX_SNAPLEN}`);
+  return n;
+}
+
+function humanBytes(n: number): string {
+  return n >= 1 << 20 ? `${(n / (1 << 20)).toFixed(1)} MiB` : n >= 1024 ? `${(n / 1024).toFixed(1)} KiB` : `${n} B`;
+}
+
+/** Where a damaged recording stopped being readable, for replay/export/inspect. */
+function reportProblems(rec: Recording): void {
+  for (const p of rec.problems) process.stderr.write(`svctrace: ${p.corrupt ? 'damaged' : 'note'}: ${p.message}\n`);
+  if (rec.problems.some((p) => p.kind !== 'missing-trailer')) {
+    process.stderr.write(`svctrace: stopped at offset ${rec.validBytes} of ${rec.size}; ${rec.eventCount} events in ${rec.eventChunks} complete chunks were delivered\n`);
+  }
+}
+
+export function registerEvidence(program: Command): void {
+  addSelectionOptions(program.command('record').description('record evidence: node snapshot + live events (+ packet bytes) into a verifiable file'))
+    .requiredOption('-o, --output <file>', 'recording to write (.svtr)')
+    .option('--duration <seconds>', 'stop after this many seconds')
+    .option('--max-size <MB>', 'stop when the file reaches this size')
+    .option('--snaplen <bytes>', `packet bytes to capture per event (0-${MAX_SNAPLEN})`, String(MAX_SNAPLEN))
+    .option('--force', 'overwrite an existing file')
+    .action(async (opts: SelectionOptions & { output: string; duration?: string; maxSize?: string; snaplen: string; force?: boolean }) => {
+      const services = servicesFrom(opts);
+      if (!services.length) throw new SvctraceError('BAD_INPUT', 'give at least one --service IP:port or --nodeport PORT');
+      const durationS = parseDuration(opts.duration);
+      let maxBytes: number | undefined;
+      if (opts.maxSize !== undefined) {
+        const mb = Number(opts.maxSize);
+        if (!Number.isFinite(mb) || mb <= 0) throw new SvctraceError('BAD_INPUT', `--max-size '${opts.maxSize}' must be a number of MB > 0`);
+        maxBytes = mb * 1024 * 1024;
+      }
+      const tty = !!process.stderr.isTTY;
+      process.stderr.write(`svctrace: recording ${services.map((s) => s.text).join(', ')} to ${opts.output}; Ctrl-C to stop\n`);
+      const trailer = await record({
+        path: opts.output,
+        services,
+        netns: opts.netns.length ? opts.netns : [CURRENT_NETNS],
+        snaplen: parseSnaplen(opts.snaplen),
+        durationS,
+        maxBytes,
+        overwrite: !!opts.force,
+        command: process.argv.slice(2).join(' '),
+        onProgress: tty ? (p) => process.stderr.write(`\r  ${p.events} events, ${humanBytes(p.bytes)}, ${p.elapsedS.toFixed(0)} s   `) : undefined,
+      });
+      if (tty) process.stderr.write('\n');
+      process.stderr.write(`svctrace: ${opts.output}: ${String(trailer.events)} events, ${String(trailer.flows)} flows, ${String(trailer.kernelLost)} lost (${trailer.reason})\n`);
+    });
+
+  program
+    .command('verify')
+    .description('check a recording: structure and SHA-256 chain; says where it is damaged (exit 1) or cut short')
+    .argument('<file>')
+    .option('--strict', 'also fail (exit 1) when the recording was cut short')
+    .action((file: string, opts: { strict?: boolean }) => {
+      requireFile(file);
+      const rec = readRecording(file);
+      const corrupt = rec.problems.filter((p) => p.corrupt);
+      const cut = rec.problems.filter((p) => !p.corrupt);
+      const lines = [`${file}: ${rec.chunks} chunks, ${rec.eventCount} events, ${rec.validBytes} of ${rec.size} bytes intact`];
+      for (const p of rec.problems) lines.push(`  ${p.corrupt ? 'DAMAGED' : 'INCOMPLETE'}: ${p.message}`);
+      if (!rec.problems.length) lines.push('  OK: complete, every chunk authentic');
+      else if (!corrupt.length) lines.push(`  OK up to offset ${rec.validBytes}: everything before it is authentic`);
+      process.stdout.write(lines.join('\n') + '\n');
+      if (corrupt.length || (opts.strict && cut.length)) process.exitCode = 1;
+    });
+
+  program
+    .command('replay')
+    .description('play a recording back, to the terminal or as a WebSocket stream')
+    .argument('<file>')
+    .option('-o, --output <format>', 'text or json', 'text')
+    .option('--speed <n|max>', 'playback speed: 1 (as recorded), 10, ... or max', '1')
+    .option('--serve', 'stream it over WebSocket instead (like serve), starting when the first client connects')
+    .option('--listen <host:port>', 'with --serve', DEFAULT_LISTEN)
+    .option('--token <token>', 'with --serve: bearer token')
+    .option('--token-file <path>', 'with --serve: token file')
+    .action(async (file: string, opts: { output: string; speed: string; serve?: boolean; listen: string; token?: string; tokenFile?: string }) => {
+      if (opts.output !== 'text' && opts.output !== 'json') throw new SvctraceError('BAD_INPUT', `--output must be text or json, not '${opts.output}'`);
+      const speed = parseSpeed(opts.speed);
+      requireFile(file);
+      const head = readRecording(file);
+      if (!head.header) throw new SvctraceError('BAD_INPUT', `${file}: ${head.problems[0]?.message ?? 'not a recording'}`);
+      if (!opts.serve) {
+        const rec = await replay(file, speed, (events) => {
+          process.stdout.write(events.map((e) => (opts.output === 'json' ? eventToJson(e) : eventLine(e))).join('\n') + '\n');
+        });
+        reportProblems(rec);
+        return;
+      }
+      const server = await StreamServer.start(
+        { services: head.header.services, replay: true, kernelLost: () => Number(head.trailer?.kernelLost ?? 0), activeFlows: () => 0, dropsByReason: () => ({}) },
+        { listen: opts.listen, token: readToken(opts) },
+      );
+      process.stderr.write(`svctrace: replaying ${file} at ${server.url()} when a client connects (Ctrl-C to stop)\n`);
+      let stop = false;
+      const stopped = waitForStop(undefined).then(() => (stop = true));
+      while (!stop && server.hub.clientCount === 0) await new Promise((r) => setTimeout(r, 100));
+      if (!stop) {
+        const rec = await replay(file, speed, (events) => server.publish(events), () => stop);
+        reportProblems(rec);
+        process.stderr.write('svctrace: replay done; still serving (Ctrl-C to stop)\n');
+        await stopped;
+      }
+      await server.close();
+    });
+
+  program
+    .command('export')
+    .description('export a recording: --pcapng OUT (packets for Wireshark/tshark) or --json (JSON lines on stdout or to OUT)')
+    .argument('<file>')
+    .option('--pcapng <out>', 'write captured packets as pcapng, one interface per namespace and device/hook, with comments')
+    .option('--json [out]', 'write header, snapshot, events and trailer as JSON lines')
+    .option('--force', 'overwrite the output')
+    .action((file: string, opts: { pcapng?: string; json?: string | boolean; force?: boolean }) => {
+      requireFile(file);
+      if (!opts.pcapng && !opts.json) throw new SvctraceError('BAD_INPUT', 'give --pcapng OUT or --json [OUT]');
+      for (const out of [opts.pcapng, typeof opts.json === 'string' ? opts.json : undefined]) {
+        if (out && fs.existsSync(out) && !opts.force) throw new SvctraceError('BAD_INPUT', `${out} exists (use --force to overwrite)`);
+      }
+      if (opts.pcapng) {
+        const r = exportPcapng(file, opts.pcapng);
+        reportProblems(r.recording);
+        process.stderr.write(`svctrace: ${opts.pcapng}: ${r.packets} packets on ${r.interfaces} interfaces\n`);
+      }
+      if (opts.json) {
+        const fd = typeof opts.json === 'string' ? fs.openSync(opts.json, 'w') : 1;
+        const rec = exportJson(file, (line) => fs.writeSync(fd, line + '\n'));
+        if (fd !== 1) fs.closeSync(fd);
+        if (!rec.header) throw new SvctraceError('BAD_INPUT', `${file}: ${rec.problems[0]?.message ?? 'not a recording'}`);
+        reportProblems(rec);
+      }
+    });
+
+  program
+    .command('inspect')
+    .description('summarize a recording: services, flows, backends, drops, and the rules snapshot for each ClusterIP')
+    .argument('<file>')
+    .action((file: string) => {
+      requireFile(file);
+      const { text, recording } = inspect(file);
+      process.stdout.write(text + '\n');
+      if (!recording.header) process.exitCode = 1;
+    });
+}

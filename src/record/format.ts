@@ -1,0 +1,207 @@
+/**
+ * The .svtr container: an 8-byte magic, then chunks
+ *
+ *   type u8 | flags u8 | reserved u16 (0) | length u32 LE | payload | sha256 (32)
+ *
+ * where sha256 = SHA-256(previous chunk's sha256 || the 8 header bytes ||
+ * payload), and the first chunk's "previous" is SHA-256(magic). The chain
+ * makes any change, insertion or removal detectable from the first altered
+ * chunk on; a file cut short (a crash, kill -9, power loss) is still readable
+ * up to its last complete chunk, because every chunk is written whole.
+ * docs/recording-format.md describes it for other readers.
+ */
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+
+export const MAGIC = Buffer.from([0x53, 0x56, 0x54, 0x52, 0x01, 0x0d, 0x0a, 0x1a]); // "SVTR" v1 \r\n ^Z
+export const CHUNK_HEADER_BYTES = 8;
+export const HASH_BYTES = 32;
+/** A chunk longer than this is taken for a damaged header. */
+export const MAX_CHUNK_PAYLOAD = 64 * 1024 * 1024;
+
+export enum ChunkType {
+  HEADER = 1,
+  SNAPSHOT = 2,
+  EVENTS = 3,
+  TRAILER = 4,
+}
+
+export const CHUNK_NAMES: Record<number, string> = {
+  [ChunkType.HEADER]: 'header',
+  [ChunkType.SNAPSHOT]: 'snapshot',
+  [ChunkType.EVENTS]: 'events',
+  [ChunkType.TRAILER]: 'trailer',
+};
+
+export function initialHash(): Buffer {
+  return crypto.createHash('sha256').update(MAGIC).digest();
+}
+
+export function chunkHash(prev: Buffer, header: Buffer, payload: Uint8Array): Buffer {
+  return crypto.createHash('sha256').update(prev).update(header).update(payload).digest();
+}
+
+export function chunkHeader(type: ChunkType, length: number): Buffer {
+  const h = Buffer.alloc(CHUNK_HEADER_BYTES);
+  h.writeUInt8(type, 0);
+  h.writeUInt32LE(length, 4);
+  return h;
+}
+
+/** Appends hash-chained chunks to a file, each with one write. */
+export class ChunkWriter {
+  private prev = initialHash();
+  private fd: number;
+  bytes = 0;
+
+  /** Creates `path`; refuses to overwrite an existing file unless `overwrite`. */
+  constructor(path: string, overwrite = false) {
+    this.fd = fs.openSync(path, overwrite ? 'w' : 'wx', 0o640);
+    fs.writeSync(this.fd, MAGIC);
+    this.bytes = MAGIC.length;
+  }
+
+  write(type: ChunkType, payload: Uint8Array): void {
+    const header = chunkHeader(type, payload.byteLength);
+    const hash = chunkHash(this.prev, header, payload);
+    const buf = Buffer.concat([header, payload, hash]);
+    let off = 0;
+    while (off < buf.length) off += fs.writeSync(this.fd, buf, off);
+    this.prev = hash;
+    this.bytes += buf.length;
+  }
+
+  sync(): void {
+    fs.fsyncSync(this.fd);
+  }
+
+  close(): void {
+    fs.fsyncSync(this.fd);
+    fs.closeSync(this.fd);
+  }
+}
+
+export interface Chunk {
+  index: number;
+  offset: number;
+  type: number;
+  payload: Buffer;
+}
+
+export type ProblemKind = 'bad-magic' | 'bad-header' | 'hash-mismatch' | 'truncated' | 'garbage-after-trailer' | 'missing-trailer' | 'bad-payload' | 'order';
+
+export interface Problem {
+  kind: ProblemKind;
+  offset: number;
+  chunk?: number;
+  message: string;
+  /** true: the content was altered or is not a recording; false: only cut short. */
+  corrupt: boolean;
+}
+
+export interface WalkResult {
+  problems: Problem[];
+  validBytes: number;
+  chunks: number;
+  size: number;
+}
+
+/** Walks the chunks of a recording with a callback; see iterChunks. */
+export function walkChunks(path: string, onChunk: (c: Chunk) => void): WalkResult {
+  const it = iterChunks(path);
+  for (;;) {
+    const r = it.next();
+    if (r.done) return r.value;
+    onChunk(r.value);
+  }
+}
+
+/**
+ * Yields the chunks of a recording, verifying the chain as it goes; returns
+ * the problems found. Stops at the first problem (nothing after an altered
+ * chunk can be trusted) and reports it with its offset. Only verified chunks
+ * are yielded. Reads chunk by chunk: memory stays at one chunk.
+ */
+export function* iterChunks(path: string): Generator<Chunk, WalkResult, void> {
+  const fd = fs.openSync(path, 'r');
+  try {
+    const size = fs.fstatSync(fd).size;
+    const problems: Problem[] = [];
+    const magic = Buffer.alloc(MAGIC.length);
+    const got = fs.readSync(fd, magic, 0, MAGIC.length, 0);
+    if (got < MAGIC.length || !magic.equals(MAGIC)) {
+      problems.push({ kind: 'bad-magic', offset: 0, message: 'not a svctrace recording (bad magic bytes at offset 0)', corrupt: true });
+      return { problems, validBytes: 0, chunks: 0, size };
+    }
+    let prev = initialHash();
+    let off = MAGIC.length;
+    let index = 0;
+    let sawTrailer = false;
+    const header = Buffer.alloc(CHUNK_HEADER_BYTES);
+    while (off < size) {
+      if (sawTrailer) {
+        problems.push({ kind: 'garbage-after-trailer', offset: off, message: `${size - off} bytes of garbage after the trailer, at offset ${off}`, corrupt: true });
+        break;
+      }
+      if (size - off < CHUNK_HEADER_BYTES) {
+        problems.push({ kind: 'truncated', offset: off, chunk: index, message: `cut short inside the header of chunk ${index} at offset ${off} (${size - off} of ${CHUNK_HEADER_BYTES} bytes)`, corrupt: false });
+        break;
+      }
+      fs.readSync(fd, header, 0, CHUNK_HEADER_BYTES, off);
+      const type = header.readUInt8(0);
+      const length = header.readUInt32LE(4);
+      if (!(type in CHUNK_NAMES) || header.readUInt8(1) !== 0 || header.readUInt16LE(2) !== 0 || length > MAX_CHUNK_PAYLOAD) {
+        problems.push({
+          kind: 'bad-header',
+          offset: off,
+          chunk: index,
+          message: `chunk ${index} at offset ${off} has an invalid header (type ${type}, length ${length}): altered or not part of the recording`,
+          corrupt: true,
+        });
+        break;
+      }
+      const need = CHUNK_HEADER_BYTES + length + HASH_BYTES;
+      if (size - off < need) {
+        problems.push({
+          kind: 'truncated',
+          offset: off,
+          chunk: index,
+          message: `cut short inside chunk ${index} (${CHUNK_NAMES[type]}) at offset ${off}: it needs ${need} bytes, the file has ${size - off}`,
+          corrupt: false,
+        });
+        break;
+      }
+      const payload = Buffer.alloc(length);
+      fs.readSync(fd, payload, 0, length, off + CHUNK_HEADER_BYTES);
+      const stored = Buffer.alloc(HASH_BYTES);
+      fs.readSync(fd, stored, 0, HASH_BYTES, off + CHUNK_HEADER_BYTES + length);
+      const want = chunkHash(prev, header, payload);
+      if (!want.equals(stored)) {
+        problems.push({
+          kind: 'hash-mismatch',
+          offset: off,
+          chunk: index,
+          message: `chunk ${index} (${CHUNK_NAMES[type]}) at offset ${off}..${off + need - 1}: SHA-256 mismatch: its content (or an earlier chunk's) was altered`,
+          corrupt: true,
+        });
+        break;
+      }
+      yield { index, offset: off, type, payload };
+      prev = stored;
+      off += need;
+      index++;
+      if (type === ChunkType.TRAILER) sawTrailer = true;
+    }
+    if (!sawTrailer && !problems.some((p) => p.corrupt)) {
+      problems.push({
+        kind: 'missing-trailer',
+        offset: off,
+        message: `no trailer: the recording did not end cleanly (crash, kill or power loss); ${index} complete chunks, intact up to offset ${off}`,
+        corrupt: false,
+      });
+    }
+    return { problems, validBytes: off, chunks: index, size };
+  } finally {
+    fs.closeSync(fd);
+  }
+}

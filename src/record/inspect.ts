@@ -1,0 +1,96 @@
+/** `svctrace inspect`: a person's summary of a recording. */
+import { svctrace } from '../gen/svctrace';
+import { Recording, readRecording } from './reader';
+
+import pb = svctrace.v1;
+
+interface FlowSeen {
+  service: string;
+  backend: string;
+  backendNetns: string;
+  client: string;
+  drops: Set<string>;
+  reset: boolean;
+  closed: boolean;
+}
+
+/** The kube-proxy rules of a ClusterIP in an iptables-save dump: the rules naming it, then the chains they jump to. */
+export function rulesFor(iptablesSave: string, address: string): string[] {
+  const lines = iptablesSave.split('\n');
+  const rulesOf = (chain: string) => lines.filter((l) => l.startsWith(`-A ${chain} `));
+  const out: string[] = [];
+  const seen = new Set<string>();
+  const queue: string[] = [];
+  for (const l of lines) {
+    if (l.startsWith('-A ') && l.includes(` ${address}/32 `)) {
+      out.push(l);
+      const m = / -j (KUBE-(?:SVC|SEP|EXT|FW|XLB)-\w+)/.exec(l);
+      if (m) queue.push(m[1]!);
+    }
+  }
+  while (queue.length) {
+    const chain = queue.shift()!;
+    if (seen.has(chain)) continue;
+    seen.add(chain);
+    for (const l of rulesOf(chain)) {
+      out.push(l);
+      const m = / -j (KUBE-(?:SVC|SEP|EXT|FW|XLB)-\w+)/.exec(l);
+      if (m) queue.push(m[1]!);
+    }
+  }
+  return out;
+}
+
+export function inspect(path: string): { text: string; recording: Recording } {
+  const flows = new Map<string, FlowSeen>();
+  const rec = readRecording(path, (events) => {
+    for (const e of events) {
+      const id = String(e.flowId);
+      let f = flows.get(id);
+      if (!f) {
+        f = { service: e.service ?? '', backend: '', backendNetns: '', client: '', drops: new Set(), reset: false, closed: false };
+        flows.set(id, f);
+      }
+      if (e.backend) f.backend = e.backend;
+      if (e.backendNetns) f.backendNetns = e.backendNetns;
+      if (!f.client && e.conntrack?.original?.src) f.client = `${e.conntrack.original.src}:${e.conntrack.original.srcPort}`;
+      if (e.kind === pb.EventKind.EVENT_KIND_DROP && e.dropReasonName) f.drops.add(e.dropReasonName);
+      if (e.tcpFlags?.includes('RST')) f.reset = true;
+      if (e.kind === pb.EventKind.EVENT_KIND_CT_DESTROY) f.closed = true;
+    }
+  });
+  const out: string[] = [];
+  const h = rec.header;
+  out.push(`recording ${path}`);
+  if (h) {
+    out.push(`  recorded by svctrace ${h.toolVersion} on ${h.node} (kernel ${h.kernel}) at ${h.startedAt}`);
+    out.push(`  services: ${h.services.join(', ')}; namespaces: ${h.netns.join(', ')}; snaplen ${h.snaplen}`);
+  }
+  const t = rec.trailer;
+  if (h) out.push(t ? `  ended at ${t.endedAt} (${t.reason}): ${String(t.events)} events, ${String(t.flows)} flows, ${String(t.kernelLost)} lost` : '  no trailer: the recording was cut short');
+  for (const p of rec.problems) out.push(`  ${p.corrupt ? 'DAMAGED' : 'note'}: ${p.message}`);
+
+  const byService = new Map<string, FlowSeen[]>();
+  for (const f of flows.values()) byService.set(f.service, [...(byService.get(f.service) ?? []), f]);
+  for (const [svc, list] of byService) {
+    out.push('', `service ${svc}: ${list.length} flows`);
+    const perBackend = new Map<string, number>();
+    for (const f of list) {
+      const k = f.backend ? `${f.backend}${f.backendNetns ? ` (${f.backendNetns})` : ''}` : 'not DNATed';
+      perBackend.set(k, (perBackend.get(k) ?? 0) + 1);
+    }
+    for (const [b, n] of [...perBackend].sort((a, b2) => b2[1] - a[1])) out.push(`  backend ${b.padEnd(40)} ${n}`);
+    const drops = new Map<string, number>();
+    for (const f of list) for (const d of f.drops) drops.set(d, (drops.get(d) ?? 0) + 1);
+    const resets = list.filter((f) => f.reset).length;
+    if (drops.size || resets) out.push(`  drops: ${[...drops].map(([d, n]) => `${d}=${n}`).join(' ') || 'none'}; resets: ${resets}`);
+    const address = svc.split(':')[0] ?? '';
+    const ipt = rec.snapshot?.sections.find((s) => s.name === 'iptables');
+    if (ipt?.output && address !== '*') {
+      const rules = rulesFor(ipt.output, address);
+      out.push(`  kube-proxy rules for ${address} in the snapshot (${ipt.netns}):`);
+      for (const r of rules.length ? rules : ['(none: no rule matches this ClusterIP)']) out.push(`    ${r}`);
+    }
+  }
+  return { text: out.join('\n'), recording: rec };
+}

@@ -1,0 +1,101 @@
+/** Reading a recording's chunks into messages, with every problem located. */
+import fs from 'node:fs';
+import protobuf from 'protobufjs/minimal';
+import { svctrace } from '../gen/svctrace';
+import { Chunk, CHUNK_NAMES, ChunkType, iterChunks, Problem, WalkResult } from './format';
+
+import pb = svctrace.v1;
+
+export interface Recording {
+  header?: pb.RecordingHeader;
+  snapshot?: pb.NodeSnapshot;
+  trailer?: pb.RecordingTrailer;
+  eventCount: number;
+  eventChunks: number;
+  chunks: number;
+  size: number;
+  /** Bytes from the start that are intact. */
+  validBytes: number;
+  problems: Problem[];
+}
+
+/** Decodes the length-delimited Events of an events chunk. */
+export function decodeEventsPayload(payload: Uint8Array): pb.Event[] {
+  const r = protobuf.Reader.create(payload);
+  const out: pb.Event[] = [];
+  while (r.pos < r.len) out.push(pb.Event.decode(r, r.uint32()));
+  return out;
+}
+
+/**
+ * Reads a recording. `onEvents` gets each verified events chunk, in order,
+ * with the recording so far (its header and snapshot come first).
+ */
+export function readRecording(path: string, onEvents?: (events: pb.Event[], chunk: Chunk, rec: Recording) => void): Recording {
+  const it = iterRecording(path);
+  for (;;) {
+    const r = it.next();
+    if (r.done) return r.value;
+    onEvents?.(r.value.events, r.value.chunk, r.value.rec);
+  }
+}
+
+/**
+ * Yields each events chunk's events (with the recording so far), then returns
+ * the whole Recording with its problems. Payloads that fail to decode despite
+ * a valid hash (a writer bug, not tampering) are problems too.
+ */
+export function* iterRecording(path: string): Generator<{ events: pb.Event[]; chunk: Chunk; rec: Recording }, Recording, void> {
+  const rec: Recording = { eventCount: 0, eventChunks: 0, chunks: 0, size: 0, validBytes: 0, problems: [] };
+  const it = iterChunks(path);
+  let decodeProblem: Problem | undefined;
+  let r = it.next();
+  while (!r.done) {
+    const c = r.value;
+    let events: pb.Event[] | undefined;
+    try {
+      if (c.index === 0 && c.type !== ChunkType.HEADER) throw new Error('the first chunk is not the header');
+      switch (c.type) {
+        case ChunkType.HEADER:
+          if (c.index !== 0) throw new Error('a second header');
+          rec.header = pb.RecordingHeader.decode(c.payload);
+          break;
+        case ChunkType.SNAPSHOT:
+          rec.snapshot = pb.NodeSnapshot.decode(c.payload);
+          break;
+        case ChunkType.EVENTS:
+          events = decodeEventsPayload(c.payload);
+          rec.eventCount += events.length;
+          rec.eventChunks++;
+          break;
+        case ChunkType.TRAILER:
+          rec.trailer = pb.RecordingTrailer.decode(c.payload);
+          break;
+      }
+    } catch (e) {
+      decodeProblem = {
+        kind: 'bad-payload',
+        offset: c.offset,
+        chunk: c.index,
+        message: `chunk ${c.index} (${CHUNK_NAMES[c.type]}) at offset ${c.offset} does not decode: ${(e as Error).message}`,
+        corrupt: true,
+      };
+      break;
+    }
+    if (events) yield { events, chunk: c, rec };
+    r = it.next();
+  }
+  if (decodeProblem) {
+    rec.problems.push(decodeProblem);
+    rec.validBytes = decodeProblem.offset;
+    rec.size = fs.statSync(path).size;
+    it.return({ problems: [], validBytes: 0, chunks: 0, size: 0 });
+    return rec;
+  }
+  const walk = r.value as WalkResult;
+  rec.problems.push(...walk.problems);
+  rec.chunks = walk.chunks;
+  rec.size = walk.size;
+  rec.validBytes = walk.validBytes;
+  return rec;
+}

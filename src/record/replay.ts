@@ -1,0 +1,64 @@
+/**
+ * `svctrace replay`: plays a recording's events back at their recorded pace
+ * (or faster), to the terminal or as a live-looking WebSocket stream. A
+ * damaged or cut recording plays up to its last intact chunk, then says
+ * where it stopped.
+ */
+import { svctrace } from '../gen/svctrace';
+import { SvctraceError } from '../errors';
+import { iterRecording, Recording } from './reader';
+
+import pb = svctrace.v1;
+
+export type Speed = number | 'max';
+
+export function parseSpeed(s: string): Speed {
+  if (s === 'max') return 'max';
+  const n = Number(s);
+  if (!Number.isFinite(n) || n <= 0 || n > 1e6) throw new SvctraceError('BAD_INPUT', `--speed must be a positive number or 'max', not '${s}'`);
+  return n;
+}
+
+function tsOf(e: pb.IEvent): bigint {
+  return BigInt(String(e.tsNs ?? 0));
+}
+
+/**
+ * Delivers events in batches, sleeping so that their spacing is the
+ * recorded one divided by `speed`. Returns the recording (with problems).
+ */
+export async function replay(path: string, speed: Speed, deliver: (events: pb.Event[]) => void, shouldStop: () => boolean = () => false): Promise<Recording> {
+  const it = iterRecording(path);
+  let baseTs: bigint | null = null;
+  const baseWall = Date.now();
+  for (;;) {
+    const r = it.next();
+    if (r.done) return r.value;
+    const events = r.value.events;
+    if (!events.length) continue;
+    if (speed === 'max') {
+      deliver(events);
+      await new Promise((res) => setImmediate(res));
+    } else {
+      // Deliver in runs of events that are due at the same time.
+      let i = 0;
+      while (i < events.length) {
+        if (shouldStop()) break;
+        const ts = tsOf(events[i]!);
+        baseTs ??= ts;
+        const dueMs = Number(ts - baseTs) / 1e6 / speed;
+        const wait = baseWall + dueMs - Date.now();
+        if (wait > 1) await new Promise((res) => setTimeout(res, Math.min(wait, 60_000)));
+        let j = i + 1;
+        while (j < events.length && Number(tsOf(events[j]!) - baseTs) / 1e6 / speed <= Date.now() - baseWall) j++;
+        deliver(events.slice(i, j));
+        i = j;
+      }
+    }
+    if (shouldStop()) {
+      const rec = r.value.rec;
+      it.return(rec); // closes the file
+      return rec;
+    }
+  }
+}

@@ -1,0 +1,156 @@
+/**
+ * The .svtr container: a recording built with the real writer, then damaged
+ * the ways files get damaged. verify must say exactly where; replay must
+ * deliver every intact chunk and stop there.
+ */
+import { describe, it, before } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { spawnSync } from 'node:child_process';
+import protobuf from 'protobufjs/minimal';
+import { ChunkType, ChunkWriter, CHUNK_HEADER_BYTES, HASH_BYTES, MAGIC } from '../../src/record/format';
+import { readRecording } from '../../src/record/reader';
+import { replay } from '../../src/record/replay';
+import { svctrace } from '../../src/gen/svctrace';
+import { makeEvent } from '../helpers/stream';
+
+import pb = svctrace.v1;
+
+const CLI = path.resolve(__dirname, '..', '..', '..', 'bin', 'svctrace.js');
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'svt-rec-'));
+
+/** header, snapshot, 3 chunks of 10 events, trailer; returns the chunk offsets. */
+function makeRecording(file: string, withTrailer = true): number[] {
+  const w = new ChunkWriter(file, true);
+  const offsets: number[] = [];
+  const put = (t: ChunkType, b: Uint8Array) => {
+    offsets.push(w.bytes);
+    w.write(t, b);
+  };
+  put(ChunkType.HEADER, pb.RecordingHeader.encode({ toolVersion: 'test', node: 'n1', startedAt: '2026-11-29T00:00:00.000Z', services: ['10.96.0.100:80/tcp'] }).finish());
+  put(ChunkType.SNAPSHOT, pb.NodeSnapshot.encode({ sections: [{ name: 'iptables', output: '-A KUBE-SERVICES -d 10.96.0.100/32 -j KUBE-SVC-X\n' }] }).finish());
+  for (let c = 0; c < 3; c++) {
+    const wr = protobuf.Writer.create();
+    for (let i = 0; i < 10; i++) wr.bytes(pb.Event.encode(makeEvent(c * 10 + i, { tsNs: c * 10 + i })).finish());
+    put(ChunkType.EVENTS, wr.finish());
+  }
+  if (withTrailer) put(ChunkType.TRAILER, pb.RecordingTrailer.encode({ events: 30, reason: 'duration' }).finish());
+  w.close();
+  return offsets;
+}
+
+function verifyCli(file: string): { status: number | null; out: string } {
+  const r = spawnSync(process.execPath, [CLI, 'verify', file], { encoding: 'utf8' });
+  return { status: r.status, out: r.stdout + r.stderr };
+}
+
+describe('recordings', () => {
+  const good = path.join(dir, 'good.svtr');
+  let offsets: number[] = [];
+  before(() => {
+    offsets = makeRecording(good);
+  });
+
+  it('an intact recording verifies and replays every event', async () => {
+    const rec = readRecording(good);
+    assert.deepEqual(rec.problems, []);
+    assert.equal(rec.eventCount, 30);
+    assert.equal(rec.trailer?.reason, 'duration');
+    const got: pb.Event[] = [];
+    await replay(good, 'max', (e) => got.push(...e));
+    assert.deepEqual(got.map((e) => Number(e.flowId)), Array.from({ length: 30 }, (_, i) => i));
+    const v = verifyCli(good);
+    assert.equal(v.status, 0);
+    assert.match(v.out, /OK: complete, every chunk authentic/);
+  });
+
+  it('one flipped byte: verify names the chunk and its offset, exit 1', () => {
+    const file = path.join(dir, 'flipped.svtr');
+    const buf = fs.readFileSync(good);
+    const target = offsets[3]! + CHUNK_HEADER_BYTES + 20; // inside the second events chunk's payload
+    buf[target] = buf[target]! ^ 0x01;
+    fs.writeFileSync(file, buf);
+    const rec = readRecording(file);
+    assert.equal(rec.problems.length, 1);
+    assert.equal(rec.problems[0]!.kind, 'hash-mismatch');
+    assert.equal(rec.problems[0]!.chunk, 3);
+    assert.equal(rec.problems[0]!.offset, offsets[3]);
+    assert.equal(rec.eventCount, 10, 'only the chunk before the damage is trusted');
+    const v = verifyCli(file);
+    assert.equal(v.status, 1);
+    assert.match(v.out, new RegExp(`DAMAGED: chunk 3 \\(events\\) at offset ${offsets[3]}\\.\\.\\d+: SHA-256 mismatch`));
+  });
+
+  it('a flipped byte in a chunk header is caught too', () => {
+    const file = path.join(dir, 'badheader.svtr');
+    const buf = fs.readFileSync(good);
+    buf[offsets[2]! + 7] = 0xff; // length's high byte
+    fs.writeFileSync(file, buf);
+    const rec = readRecording(file);
+    assert.equal(rec.problems[0]!.kind, 'bad-header');
+    assert.equal(rec.problems[0]!.offset, offsets[2]);
+  });
+
+  it('truncated in the middle of a chunk: replay delivers every complete chunk and says where it stopped', async () => {
+    const file = path.join(dir, 'truncated.svtr');
+    const buf = fs.readFileSync(good);
+    const cut = offsets[4]! + 30;
+    fs.writeFileSync(file, buf.subarray(0, cut));
+    const got: pb.Event[] = [];
+    const rec = await replay(file, 'max', (e) => got.push(...e));
+    assert.equal(got.length, 20);
+    const p = rec.problems.find((x) => x.kind === 'truncated');
+    assert.ok(p);
+    assert.equal(p.chunk, 4);
+    assert.equal(p.offset, offsets[4]);
+    assert.equal(p.corrupt, false);
+    assert.equal(rec.validBytes, offsets[4]);
+    const v = verifyCli(file);
+    assert.equal(v.status, 0, 'a cut-short file is accepted up to its last complete chunk');
+    assert.match(v.out, new RegExp(`INCOMPLETE: cut short inside chunk 4 \\(events\\) at offset ${offsets[4]}`));
+    const r = spawnSync(process.execPath, [CLI, 'replay', file, '--speed', 'max', '-o', 'json'], { encoding: 'utf8' });
+    assert.equal(r.status, 0);
+    assert.equal(r.stdout.trim().split('\n').length, 20);
+    assert.match(r.stderr, new RegExp(`stopped at offset ${offsets[4]} of ${cut}; 20 events in 2 complete chunks`));
+  });
+
+  it('garbage appended after the trailer', () => {
+    const file = path.join(dir, 'garbage.svtr');
+    const size = fs.statSync(good).size;
+    fs.writeFileSync(file, Buffer.concat([fs.readFileSync(good), Buffer.from('garbage!garbage!garbage!')]));
+    const rec = readRecording(file);
+    assert.equal(rec.eventCount, 30);
+    assert.equal(rec.problems[0]!.kind, 'garbage-after-trailer');
+    assert.equal(rec.problems[0]!.offset, size);
+    assert.equal(verifyCli(file).status, 1);
+  });
+
+  it('no trailer (killed while recording): accepted, and said so', () => {
+    const file = path.join(dir, 'killed.svtr');
+    makeRecording(file, false);
+    const rec = readRecording(file);
+    assert.equal(rec.eventCount, 30);
+    assert.deepEqual(rec.problems.map((p) => p.kind), ['missing-trailer']);
+    const v = verifyCli(file);
+    assert.equal(v.status, 0);
+    assert.match(v.out, /INCOMPLETE: no trailer/);
+    assert.equal(spawnSync(process.execPath, [CLI, 'verify', '--strict', file]).status, 1);
+  });
+
+  it('not a recording, an empty file, a directory, a missing file: clear errors, no crash', () => {
+    const junk = path.join(dir, 'junk.svtr');
+    fs.writeFileSync(junk, 'hello');
+    assert.match(verifyCli(junk).out, /not a svctrace recording \(bad magic bytes at offset 0\)/);
+    const empty = path.join(dir, 'empty.svtr');
+    fs.writeFileSync(empty, '');
+    assert.equal(verifyCli(empty).status, 1);
+    for (const cmd of [['verify', dir], ['replay', path.join(dir, 'nope.svtr')], ['inspect', junk], ['export', junk, '--json']]) {
+      const r = spawnSync(process.execPath, [CLI, ...cmd], { encoding: 'utf8' });
+      assert.notEqual(r.status, 0, cmd.join(' '));
+      assert.doesNotMatch(r.stderr, /\n\s+at /, 'no stack trace');
+    }
+    assert.equal(MAGIC.length + CHUNK_HEADER_BYTES + HASH_BYTES, 48);
+  });
+});
