@@ -5,6 +5,7 @@ import { FlowTracer } from '../../tracer/flow-tracer';
 import { waitForStop } from '../../tracer/session';
 import { CURRENT_NETNS } from '../../tracer/netns';
 import { SvctraceError } from '../../errors';
+import { MAX_SNAPLEN } from '../../events/layout';
 import { addSelectionOptions, parseDuration, SelectionOptions, servicesFrom } from '../options';
 
 function useColor(): boolean {
@@ -15,7 +16,10 @@ export function registerTrace(program: Command): void {
   addSelectionOptions(program.command('trace').description('trace flows to ClusterIPs/NodePorts live: DNAT, SNAT, conntrack, route, veth, drops, reply'))
     .option('--duration <seconds>', 'stop after this many seconds (default: until Ctrl-C)')
     .option('-o, --output <format>', 'text (a timeline per flow) or json (one svctrace.v1.Event per line)', 'text')
-    .action(async (opts: SelectionOptions & { duration?: string; output: string }) => {
+    .option('--snaplen <bytes>', `capture this many bytes of each packet into json output (0-${MAX_SNAPLEN})`, '0')
+    .action(async (opts: SelectionOptions & { duration?: string; output: string; snaplen: string }) => {
+      const snaplen = Number(opts.snaplen);
+      if (!Number.isInteger(snaplen) || snaplen < 0 || snaplen > MAX_SNAPLEN) throw new SvctraceError('BAD_INPUT', `--snaplen must be 0..${MAX_SNAPLEN}`);
       if (opts.output !== 'text' && opts.output !== 'json') throw new SvctraceError('BAD_INPUT', `--output must be text or json, not '${opts.output}'`);
       const services = servicesFrom(opts);
       const duration = parseDuration(opts.duration);
@@ -24,6 +28,7 @@ export function registerTrace(program: Command): void {
       const tracer = FlowTracer.start({
         services,
         netns: opts.netns.length ? opts.netns : [CURRENT_NETNS],
+        snaplen,
         onIngested: (items) => {
           if (opts.output === 'json') {
             if (items.length) write(items.map((i) => eventToJson(i.event)).join('\n') + '\n');
