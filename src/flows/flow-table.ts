@@ -20,7 +20,7 @@ import pb = svctrace.v1;
 const Stage = pb.Stage;
 
 /** Drop reasons that are normal end-of-life of a packet, not failures. */
-const BENIGN_DROPS = new Set(['QUEUE_PURGE', 'SOCKET_CLOSE', 'TCP_CLOSE']);
+export const BENIGN_DROPS = new Set(['QUEUE_PURGE', 'SOCKET_CLOSE', 'TCP_CLOSE']);
 
 export interface TimelineEntry {
   tsNs: bigint;
@@ -245,6 +245,7 @@ export class FlowTable {
       backend: f.dnat ? endpoint(f.reply.saddr, f.reply.sport) : undefined,
       backendNetns: f.backendNetns,
     });
+    if (e.kind === EventKind.DROP && BENIGN_DROPS.has(this.dropReasonName(e.reason))) event.benignDrop = true;
     return { flow: f, event, entry };
   }
 

@@ -26,7 +26,7 @@ export function compileFilter(f: pb.IFilter | null | undefined, maxEntries: numb
   const kinds = new Set((f.kinds ?? []).map(Number));
   const dropsOnly = !!f.dropsOnly;
   return (e) => {
-    if (dropsOnly && !DROP_LIKE.has(e.stage ?? 0)) return false;
+    if (dropsOnly && (!DROP_LIKE.has(e.stage ?? 0) || e.benignDrop)) return false;
     if (services.size && !services.has(e.service ?? '')) return false;
     if (kinds.size && !kinds.has(e.kind ?? 0)) return false;
     if (backends.size) {

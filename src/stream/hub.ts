@@ -4,6 +4,7 @@
  * few ms. Also sends periodic status and flow updates, and keeps the counters
  * /metrics reports.
  */
+import crypto from 'node:crypto';
 import os from 'node:os';
 import WebSocket from 'ws';
 import { svctrace } from '../gen/svctrace';
@@ -35,6 +36,8 @@ export class Hub {
   private lastRateEvents = 0;
   private rate = 0;
   private readonly timers: NodeJS.Timeout[] = [];
+  /** Flow ids restart with every server run; clients tell runs apart by this. */
+  readonly instance = crypto.randomBytes(8).toString('hex');
 
   constructor(
     private readonly source: HubSource,
@@ -63,7 +66,8 @@ export class Hub {
     }
     const c = new ClientConn(this.nextId++, ws, remote, this.limits, (x) => this.clients.delete(x));
     this.clients.add(c);
-    c.sendControl(serverFrame({ hello: { serverVersion: VERSION, services: this.source.services, node: os.hostname(), replay: !!this.source.replay } }));
+    c.sendControl(serverFrame({ hello: { serverVersion: VERSION, services: this.source.services, node: os.hostname(), replay: !!this.source.replay, instance: this.instance } }));
+    c.sendControl(serverFrame({ status: this.statusFor(c) }));
     return c;
   }
 

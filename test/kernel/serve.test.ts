@@ -38,8 +38,8 @@ describe('svctrace serve (kernel)', () => {
     child = spawn(process.execPath, [CLI, 'serve', '--netns', lab.nodeNetns, '--service', `${web.clusterIP}:80`, '--listen', '127.0.0.1:0'], { stdio: ['ignore', 'ignore', 'pipe'] });
     let err = '';
     child.stderr!.on('data', (d) => (err += d));
-    assert.ok(await waitFor(() => /streaming at (ws:\S+)/.test(err), 10_000), `serve did not start: ${err}`);
-    const url = /streaming at (ws:\S+)/.exec(err)![1]!;
+    assert.ok(await waitFor(() => /streaming at (ws:\S+) /.test(err), 10_000), `serve did not start: ${err}`);
+    const url = /streaming at (ws:\S+) /.exec(err)![1]!;
 
     const root = await protobuf.load(PROTO);
     const ServerMessage = root.lookupType('svctrace.v1.ServerMessage');

@@ -11,6 +11,7 @@ import { inspect } from '../../record/inspect';
 import { eventToJson } from '../../flows/to-proto';
 import { eventLine } from '../../output/event-line';
 import { DEFAULT_LISTEN, StreamServer } from '../../stream/server';
+import { dashboardHandler } from '../../stream/static';
 import { MAX_SNAPLEN } from '../../events/layout';
 import { addSelectionOptions, parseDuration, readToken, SelectionOptions, servicesFrom } from '../options';
 import fs from 'node:fs';
@@ -120,7 +121,7 @@ export function registerEvidence(program: Command): void {
       }
       const server = await StreamServer.start(
         { services: head.header.services, replay: true, kernelLost: () => Number(head.trailer?.kernelLost ?? 0), activeFlows: () => 0, dropsByReason: () => ({}) },
-        { listen: opts.listen, token: readToken(opts) },
+        { listen: opts.listen, token: readToken(opts), staticHandler: dashboardHandler() },
       );
       process.stderr.write(`svctrace: replaying ${file} at ${server.url()} when a client connects (Ctrl-C to stop)\n`);
       let stop = false;

@@ -5,6 +5,7 @@ import { FlowTracer } from '../../tracer/flow-tracer';
 import { CURRENT_NETNS } from '../../tracer/netns';
 import { waitForStop } from '../../tracer/session';
 import { DEFAULT_LISTEN, StreamServer } from '../../stream/server';
+import { dashboardHandler } from '../../stream/static';
 import { formatSummary } from '../../output/flow-text';
 import { addSelectionOptions, collect, parseDuration, readToken, SelectionOptions, servicesFrom } from '../options';
 
@@ -48,12 +49,12 @@ export function registerServe(program: Command): void {
         onIngested: (items) => server?.publish(items.map((i) => i.event)),
       });
       try {
-        server = await StreamServer.start(tracer.hubSource(), { listen: opts.listen, token, tls, allowOrigins: opts.allowOrigin });
+        server = await StreamServer.start(tracer.hubSource(), { listen: opts.listen, token, tls, allowOrigins: opts.allowOrigin, staticHandler: dashboardHandler() });
       } catch (e) {
         await tracer.stop();
         throw e;
       }
-      process.stderr.write(`svctrace: tracing ${services.map((s) => s.text).join(', ')}; streaming at ${server.url()} (Ctrl-C to stop)\n`);
+      process.stderr.write(`svctrace: tracing ${services.map((s) => s.text).join(', ')}; streaming at ${server.url()} (dashboard: ${server.url().replace(/^ws/, 'http').replace('/v1/events', '/')}; Ctrl-C to stop)\n`);
       await waitForStop(duration);
       await server.close();
       const { summary, stats } = await tracer.stop();

@@ -1,0 +1,170 @@
+/**
+ * The dashboard's state: flows (capped), each with its recent events, the
+ * backend distribution per service, and health counters. Pure data: views
+ * read it on animation frames, so a burst of events costs one render.
+ */
+import { svctrace } from '../gen/svctrace';
+
+import pb = svctrace.v1;
+
+export const MAX_FLOWS = 2000;
+export const MAX_EVENTS_PER_FLOW = 120;
+
+export interface FlowView {
+  /** Unique across server runs (instance/id). */
+  key: string;
+  /** The server's flow id, as shown. */
+  id: string;
+  service: string;
+  client: string;
+  backend: string;
+  backendNetns: string;
+  seenByBackend: string;
+  state: string;
+  closed: boolean;
+  reset: boolean;
+  drops: string[];
+  packets: [number, number];
+  bytes: [number, number];
+  firstTsNs: bigint;
+  lastTsNs: bigint;
+  events: pb.IEvent[];
+  /** Arrival order, for recency. */
+  seq: number;
+}
+
+export interface BackendStats {
+  flows: number;
+  bytes: number;
+  /** New flows per second bucket (unix seconds -> count). */
+  perSecond: Map<number, number>;
+}
+
+function ts(v: unknown): bigint {
+  return v === null || v === undefined ? 0n : BigInt(String(v));
+}
+
+export class Store {
+  readonly flows = new Map<string, FlowView>();
+  /** service -> backend -> stats */
+  readonly distribution = new Map<string, Map<string, BackendStats>>();
+  private counted = new Set<string>();
+  status: pb.IStatus | null = null;
+  hello: pb.IHello | null = null;
+  connected = false;
+  connectionNote = 'connecting';
+  eventsReceived = 0;
+  dirty = true;
+  private seq = 0;
+  /** The server run flow ids belong to (Hello.instance): a restarted server starts ids again at 1. */
+  private instance = '';
+
+  /** Called on every (re)connect with the server's Hello. */
+  setHello(h: pb.IHello): void {
+    this.hello = h;
+    this.instance = h.instance ?? '';
+    this.dirty = true;
+  }
+
+  private key(flowId: unknown): string {
+    return `${this.instance}/${String(flowId ?? 0)}`;
+  }
+
+  private flow(key: string, id: string, e?: pb.IEvent): FlowView {
+    let f = this.flows.get(key);
+    if (!f) {
+      if (this.flows.size >= MAX_FLOWS) this.evict();
+      f = {
+        id,
+        service: e?.service ?? '',
+        client: '',
+        backend: '',
+        backendNetns: '',
+        seenByBackend: '',
+        state: '',
+        closed: false,
+        reset: false,
+        drops: [],
+        packets: [0, 0],
+        bytes: [0, 0],
+        firstTsNs: ts(e?.tsNs),
+        lastTsNs: ts(e?.tsNs),
+        events: [],
+        seq: 0,
+        key,
+      };
+      this.flows.set(key, f);
+    }
+    f.seq = ++this.seq;
+    return f;
+  }
+
+  /** Drops the least recently active flow, closed ones first. */
+  private evict(): void {
+    let victim: FlowView | undefined;
+    for (const f of this.flows.values()) {
+      if (!victim || (f.closed && !victim.closed) || (f.closed === victim.closed && f.seq < victim.seq)) victim = f;
+    }
+    if (victim) this.flows.delete(victim.key);
+  }
+
+  private countBackend(f: FlowView, atMs: number): void {
+    if (!f.backend || this.counted.has(f.key)) return;
+    this.counted.add(f.key);
+    if (this.counted.size > MAX_FLOWS * 10) this.counted = new Set([...this.counted].slice(-MAX_FLOWS));
+    let svc = this.distribution.get(f.service);
+    if (!svc) this.distribution.set(f.service, (svc = new Map()));
+    let b = svc.get(f.backend);
+    if (!b) svc.set(f.backend, (b = { flows: 0, bytes: 0, perSecond: new Map() }));
+    b.flows++;
+    const sec = Math.floor(atMs / 1000);
+    b.perSecond.set(sec, (b.perSecond.get(sec) ?? 0) + 1);
+  }
+
+  addEvents(events: pb.IEvent[], nowMs = Date.now()): void {
+    this.eventsReceived += events.length;
+    for (const e of events) {
+      const f = this.flow(this.key(e.flowId), String(e.flowId ?? 0), e);
+      if (f.events.length < MAX_EVENTS_PER_FLOW) f.events.push(e);
+      const t = ts(e.tsNs);
+      if (t > f.lastTsNs) f.lastTsNs = t;
+      if (!f.client && e.conntrack?.original?.src) f.client = `${e.conntrack.original.src}:${e.conntrack.original.srcPort}`;
+      if (e.conntrack?.reply?.dst && e.conntrack.statusNames?.includes('DST_NAT')) f.seenByBackend = `${e.conntrack.reply.dst}:${e.conntrack.reply.dstPort}`;
+      if (e.backend) f.backend = e.backend;
+      if (e.backendNetns) f.backendNetns = e.backendNetns;
+      if (e.conntrack?.tcpState) f.state = e.conntrack.tcpState;
+      if (e.kind === pb.EventKind.EVENT_KIND_CT_DESTROY) f.closed = true;
+      if (e.kind === pb.EventKind.EVENT_KIND_DROP && !e.benignDrop && e.dropReasonName && !f.drops.includes(e.dropReasonName)) f.drops.push(e.dropReasonName);
+      if (e.tcpFlags?.includes('RST')) f.reset = true;
+      this.countBackend(f, nowMs);
+    }
+    this.dirty = true;
+  }
+
+  addFlows(flows: pb.IFlow[]): void {
+    for (const u of flows) {
+      const f = this.flow(this.key(u.id), String(u.id ?? 0));
+      f.service = u.service || f.service;
+      f.client = u.client || f.client;
+      f.backend = u.backend || f.backend;
+      f.backendNetns = u.backendNetns || f.backendNetns;
+      f.seenByBackend = u.seenByBackend || f.seenByBackend;
+      f.state = u.state || f.state;
+      f.closed = !!u.closed || f.closed;
+      f.reset = !!u.reset || f.reset;
+      f.packets = [Number(u.packetsOriginal ?? 0), Number(u.packetsReply ?? 0)];
+      const prevBytes = f.bytes[0] + f.bytes[1];
+      f.bytes = [Number(u.bytesOriginal ?? 0), Number(u.bytesReply ?? 0)];
+      if (u.drops?.length) f.drops = [...new Set(u.drops)];
+      this.countBackend(f, Date.now());
+      const b = this.distribution.get(f.service)?.get(f.backend);
+      if (b) b.bytes += f.bytes[0] + f.bytes[1] - prevBytes;
+    }
+    this.dirty = true;
+  }
+
+  /** Total new flows per backend for a service (what the chart's legend shows). */
+  totals(service: string): Array<[string, number]> {
+    return [...(this.distribution.get(service)?.entries() ?? [])].map(([b, s]) => [b, s.flows]);
+  }
+}
