@@ -338,3 +338,57 @@ int BPF_PROG(svt_fib, u32 tb_id, const struct flowi4 *flp, const struct fib_nh_c
 	svt_submit(e);
 	return 0;
 }
+
+/*
+ * Benchmark event source (bench/, never loaded by the tracer: autoload is
+ * off unless the loader asks for it). Run with BPF_PROG_TEST_RUN, it writes
+ * bench_count synthetic events of bench_flows tracked flows into the same
+ * ring buffer, so the pipeline and a plain C consumer can be measured
+ * against the same producer.
+ */
+volatile __u32 bench_count = 0;
+volatile __u32 bench_flows = 0; /* 0 means 1 */
+volatile __u64 bench_seq = 0;
+
+static long bench_emit_one(__u64 i, void *ctx)
+{
+	struct svt_event *e = svt_reserve(SVT_EV_NF);
+	__u32 flows = bench_flows ? bench_flows : 1;
+	__u64 n = bench_seq++;
+	__u32 flow = n % flows;
+
+	if (!e)
+		return 0;
+	e->ct_id = 0xffff888800000000ULL + flow * 256;
+	e->skb_id = 0xffff888900000000ULL + n;
+	e->service_id = 1;
+	e->nf_hook = NF_INET_LOCAL_OUT;
+	e->nf_stage = (n & 1) ? SVT_STAGE_AFTER_NAT : SVT_STAGE_BEFORE_NAT;
+	e->nf_priority = (n & 1) ? SVT_NF_PRIO_DNAT + 1 : SVT_NF_PRIO_DNAT - 1;
+	e->ct_orig.saddr = bpf_htonl(0x0af40101);           /* 10.244.1.1 */
+	e->ct_orig.daddr = bpf_htonl(0x0a600064);           /* 10.96.0.100 */
+	e->ct_orig.sport = bpf_htons(10000 + flow % 50000);
+	e->ct_orig.dport = bpf_htons(80);
+	e->ct_orig.proto = IPPROTO_TCP;
+	e->ct_reply.saddr = bpf_htonl(0x0af4010a + flow % 3); /* 10.244.1.10-12 */
+	e->ct_reply.daddr = e->ct_orig.saddr;
+	e->ct_reply.sport = bpf_htons(8080);
+	e->ct_reply.dport = e->ct_orig.sport;
+	e->ct_reply.proto = IPPROTO_TCP;
+	e->pkt = (n & 1) ? (struct svt_tuple){ .saddr = e->ct_orig.saddr, .daddr = e->ct_reply.saddr,
+					      .sport = e->ct_orig.sport, .dport = e->ct_reply.sport, .proto = IPPROTO_TCP } :
+			   e->ct_orig;
+	e->ct_status = IPS_CONFIRMED | IPS_DST_NAT | IPS_SEEN_REPLY | IPS_ASSURED;
+	e->ct_tcp_state = 3; /* ESTABLISHED */
+	e->tcp_flags = 0x10;
+	e->pkt_len = 100;
+	svt_submit(e);
+	return 0;
+}
+
+SEC("syscall")
+int svt_bench_emit(void *ctx)
+{
+	bpf_loop(bench_count, bench_emit_one, NULL, 0);
+	return 0;
+}

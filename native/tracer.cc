@@ -54,6 +54,7 @@ Napi::Function Tracer::Init(Napi::Env env) {
                          InstanceMethod("start", &Tracer::Start),
                          InstanceMethod("stats", &Tracer::Stats),
                          InstanceMethod("close", &Tracer::Close),
+                         InstanceMethod("benchEmit", &Tracer::BenchEmit),
                      });
 }
 
@@ -69,9 +70,13 @@ Tracer::Tracer(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Tracer>(info),
         throw Napi::RangeError::New(info.Env(), "snaplen must be 0.." + std::to_string(SVT_MAX_SNAPLEN));
     }
   }
+  bool bench = false;
+  if (info.Length() > 0 && info[0].IsObject()) bench = info[0].As<Napi::Object>().Get("benchSource").ToBoolean();
   skel_ = svctrace_bpf__open();
   if (!skel_) ThrowErrno(info.Env(), "svctrace_bpf__open", errno);
   skel_->rodata->targ_snaplen = snaplen;
+  // The benchmark event source is loaded only when asked for (bench/).
+  bpf_program__set_autoload(skel_->progs.svt_bench_emit, bench);
   napi_add_env_cleanup_hook(env_, &Tracer::CleanupHook, this);
 }
 
@@ -255,6 +260,22 @@ Napi::Value Tracer::Stats(const Napi::CallbackInfo& info) {
   out.Set("ctDestroyEvents", Napi::Number::New(env, (double)ct_events));
   out.Set("ctOverruns", Napi::Number::New(env, (double)ct_overruns));
   return out;
+}
+
+// benchEmit(count, flows): runs the benchmark source once: `count` synthetic
+// events of `flows` flows into the ring buffer. Needs new Tracer({benchSource: true}).
+Napi::Value Tracer::BenchEmit(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireLoaded(env, "benchEmit");
+  if (!bpf_program__autoload(skel_->progs.svt_bench_emit))
+    throw Napi::Error::New(env, "Tracer.benchEmit(): create the tracer with { benchSource: true }");
+  if (!info[0].IsNumber() || !info[1].IsNumber()) throw Napi::TypeError::New(env, "benchEmit(count, flows)");
+  skel_->bss->bench_count = info[0].As<Napi::Number>().Uint32Value();
+  skel_->bss->bench_flows = info[1].As<Napi::Number>().Uint32Value();
+  LIBBPF_OPTS(bpf_test_run_opts, opts);
+  int err = bpf_prog_test_run_opts(bpf_program__fd(skel_->progs.svt_bench_emit), &opts);
+  if (err) ThrowErrno(env, "bpf_prog_test_run_opts", errno);
+  return env.Undefined();
 }
 
 Napi::Value Tracer::Close(const Napi::CallbackInfo& info) {

@@ -32,6 +32,7 @@ class Tracer : public Napi::ObjectWrap<Tracer> {
   Napi::Value Start(const Napi::CallbackInfo& info);
   Napi::Value Stats(const Napi::CallbackInfo& info);
   Napi::Value Close(const Napi::CallbackInfo& info);
+  Napi::Value BenchEmit(const Napi::CallbackInfo& info);
 
   void RequireLoaded(Napi::Env env, const char* method);
   void Destroy();

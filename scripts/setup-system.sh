@@ -7,7 +7,7 @@
 set -euo pipefail
 
 PLAIN_PKGS=(clang llvm make cmake g++ pkg-config libelf-dev zlib1g-dev libmnl-dev
-  iptables nftables conntrack iproute2 curl libcap2-bin util-linux tshark chromium)
+  iptables nftables conntrack iproute2 curl libcap2-bin util-linux tshark chromium wrk)
 BACKPORT_PKGS=(libbpf-dev bpftool)
 
 need_update=0

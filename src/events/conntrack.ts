@@ -32,14 +32,24 @@ export const IPS_SRC_NAT = 1 << 4;
 export const IPS_DST_NAT = 1 << 5;
 export const IPS_DYING = 1 << 9;
 
-/** Decodes status bits to names; an unconfirmed entry is reported as NEW. */
+const statusNameCache = new Map<number, readonly string[]>();
+
+/**
+ * Decodes status bits to names; an unconfirmed entry is reported as NEW.
+ * The arrays are shared per status value: treat them as read-only.
+ */
 export function ctStatusNames(status: number): string[] {
-  const names: string[] = [];
-  if (!(status & IPS_CONFIRMED)) names.push('NEW');
-  CT_STATUS_BITS.forEach((name, bit) => {
-    if (status & (1 << bit)) names.push(name);
-  });
-  return names;
+  let names = statusNameCache.get(status);
+  if (!names) {
+    const list: string[] = [];
+    if (!(status & IPS_CONFIRMED)) list.push('NEW');
+    CT_STATUS_BITS.forEach((name, bit) => {
+      if (status & (1 << bit)) list.push(name);
+    });
+    names = Object.freeze(list);
+    if (statusNameCache.size < 4096) statusNameCache.set(status, names);
+  }
+  return names as string[];
 }
 
 /** enum ip_conntrack_info */

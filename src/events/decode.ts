@@ -69,8 +69,20 @@ export class DecodeError extends Error {
 const F = EVENT.fields;
 const T = TUPLE.fields;
 
+// Dotted quads are built once per address: a node sees few distinct ones
+// and every event carries six. Bounded so a scan cannot grow it forever.
+const ipCache = new Map<number, string>();
+const IP_CACHE_MAX = 65536;
+
 function ipv4(b: Uint8Array, o: number): string {
-  return `${b[o]}.${b[o + 1]}.${b[o + 2]}.${b[o + 3]}`;
+  const key = ((b[o]! << 24) | (b[o + 1]! << 16) | (b[o + 2]! << 8) | b[o + 3]!) >>> 0;
+  let s = ipCache.get(key);
+  if (s === undefined) {
+    s = `${b[o]}.${b[o + 1]}.${b[o + 2]}.${b[o + 3]}`;
+    if (ipCache.size >= IP_CACHE_MAX) ipCache.clear();
+    ipCache.set(key, s);
+  }
+  return s;
 }
 
 function readTuple(dv: DataView, b: Uint8Array, o: number): Tuple {

@@ -33,6 +33,8 @@ export interface TimelineEntry {
 export interface Flow {
   id: number;
   key: string;
+  /** Key in the (namespace, original tuple) index, for conntrack DESTROY messages. */
+  tupleIndexKey: string;
   service: string;
   serviceId: number;
   proto: number;
@@ -75,9 +77,9 @@ export interface FlowTableOptions {
   closeGraceMs?: number;
   /** Flows with no event for this long are expired (default 10 min). */
   idleMs?: number;
-  /** At most this many flows are kept; the oldest go first (default 100k). */
+  /** At most this many flows are kept; the oldest go first (default 50k). */
   maxFlows?: number;
-  /** Timeline entries kept per flow (default 256); counters keep counting. */
+  /** Milestones kept per flow (default 64); counters keep counting. */
   maxTimeline?: number;
 }
 
@@ -115,8 +117,8 @@ export class FlowTable {
       netnsName: opts.netnsName,
       closeGraceMs: opts.closeGraceMs ?? 5000,
       idleMs: opts.idleMs ?? 600_000,
-      maxFlows: opts.maxFlows ?? 100_000,
-      maxTimeline: opts.maxTimeline ?? 256,
+      maxFlows: opts.maxFlows ?? 50_000,
+      maxTimeline: opts.maxTimeline ?? 64,
     };
     this.dropReasons = opts.dropReasons ?? {};
   }
@@ -155,9 +157,11 @@ export class FlowTable {
 
   private newFlow(key: string, e: KernelEvent, orig: Tuple): Flow {
     if (this.byKey.size >= this.opts.maxFlows) this.evictOldest();
+    const tupleIndexKey = `${e.netnsIno}|${tupleKey(orig)}`;
     const f: Flow = {
       id: this.nextId++,
       key,
+      tupleIndexKey,
       service: this.serviceName(e.serviceId),
       serviceId: e.serviceId,
       proto: orig.proto,
@@ -181,7 +185,7 @@ export class FlowTable {
       seen: new Set(),
     };
     this.byKey.set(key, f);
-    this.byTuple.set(`${e.netnsIno}|${tupleKey(orig)}`, f);
+    this.byTuple.set(tupleIndexKey, f);
     this.summaryCounters.flows++;
     return f;
   }
@@ -193,12 +197,13 @@ export class FlowTable {
 
   private remove(f: Flow): void {
     this.byKey.delete(f.key);
-    for (const [k, v] of this.byTuple) if (v === f) this.byTuple.delete(k);
+    if (this.byTuple.get(f.tupleIndexKey) === f) this.byTuple.delete(f.tupleIndexKey);
   }
 
   private flowFor(e: KernelEvent): Flow | undefined {
     if (e.kind === EventKind.CT_DESTROY) {
-      return this.byTuple.get(`${e.netnsIno}|${tupleKey(e.ctOrig)}`) ?? this.findByOrig(e.ctOrig);
+      // A miss means the flow was already expired or evicted.
+      return this.byTuple.get(`${e.netnsIno}|${tupleKey(e.ctOrig)}`);
     }
     if (e.ctId) {
       const key = `ct:${e.ctId}`;
@@ -215,12 +220,6 @@ export class FlowTable {
     return this.byKey.get(key) ?? this.newFlow(key, e, e.pkt);
   }
 
-  private findByOrig(t: Tuple): Flow | undefined {
-    const k = tupleKey(t);
-    for (const f of this.byKey.values()) if (!f.closed && tupleKey(f.orig) === k) return f;
-    return undefined;
-  }
-
   private ingestOne(e: KernelEvent): Ingested | undefined {
     const f = this.flowFor(e);
     if (!f) return undefined;
@@ -228,7 +227,9 @@ export class FlowTable {
     if (e.kind === EventKind.NF) this.updateConntrack(f, e);
     const { stage, summary, milestone } = this.classify(f, e);
     const entry: TimelineEntry = { tsNs: e.tsNs, stage, summary, milestone };
-    if (f.timeline.length < this.opts.maxTimeline) {
+    // The timeline keeps milestones only (what a person reads); every event
+    // still goes out through the returned Ingested. Bounded per flow.
+    if (milestone && f.timeline.length < this.opts.maxTimeline) {
       // Keep the timeline in kernel order even when batches interleave.
       let i = f.timeline.length;
       while (i > 0 && f.timeline[i - 1]!.tsNs > e.tsNs) i--;

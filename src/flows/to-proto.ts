@@ -41,7 +41,7 @@ export interface EventContext {
 
 export function toProtoEvent(e: KernelEvent, ctx: EventContext): pb.IEvent {
   const out: pb.IEvent = {
-    tsNs: Long.fromString(e.tsNs.toString(), true), // exact beyond 2^53
+    tsNs: Long.fromBits(Number(e.tsNs & 0xffffffffn), Number(e.tsNs >> 32n), true), // exact beyond 2^53
     kind: KIND[e.kind] ?? pb.EventKind.EVENT_KIND_UNSPECIFIED,
     flowId: ctx.flowId,
     service: ctx.service,

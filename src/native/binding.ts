@@ -62,10 +62,12 @@ export interface NativeTracer {
   start(onBatch: (batch: Buffer, count: number) => void): void;
   stats(): NativeStats;
   close(): void;
+  /** Benchmarks only: emit `count` synthetic events of `flows` flows (needs benchSource). */
+  benchEmit(count: number, flows: number): void;
 }
 
 export interface NativeBinding {
-  Tracer: new (opts?: { snaplen?: number }) => NativeTracer;
+  Tracer: new (opts?: { snaplen?: number; benchSource?: boolean }) => NativeTracer;
   probeFeatures(): NativeFeatures;
   layout(): NativeLayout;
   dropReasons(): Record<string, string>;
