@@ -141,3 +141,56 @@ export function renderFilterTable(services: KubeService[]): string {
   }
   return ['*filter', ':KUBE-SERVICES - [0:0]', ...rules, 'COMMIT', ''].join('\n');
 }
+
+// ---- nftables mode (kube-proxy --proxy-mode=nftables, table ip kube-proxy) ----
+
+function nftBase(s: KubeService): string {
+  return `${s.namespace}/${s.name}/${s.proto}/${s.portName}`;
+}
+
+export function nftServiceChain(s: KubeService): string {
+  return `service-${chainHash(svcPortName(s) + s.proto).slice(0, 8)}-${nftBase(s)}`;
+}
+
+export function nftExternalChain(s: KubeService): string {
+  return `external-${chainHash(svcPortName(s) + s.proto).slice(0, 8)}-${nftBase(s)}`;
+}
+
+export function nftEndpointChain(s: KubeService, ep: KubeEndpoint): string {
+  return `endpoint-${chainHash(svcPortName(s) + s.proto + `${ep.ip}:${ep.port}`).slice(0, 8)}-${nftBase(s)}__${ep.ip}/${ep.port}`;
+}
+
+/** kube-proxy's nftables-mode table, as an `nft -f` script (it replaces any previous one). */
+export function renderNftKubeProxy(services: KubeService[], opts: { clusterCIDR: string; masquerade?: boolean }): string {
+  const withEp = services.filter((s) => s.endpoints.length);
+  const noEp = services.filter((s) => !s.endpoints.length);
+  const L: string[] = ['table ip kube-proxy', 'delete table ip kube-proxy', 'table ip kube-proxy {', '\tcomment "rules for kube-proxy"'];
+  const chain = (name: string, lines: string[]) => L.push(`\tchain ${name} {`, ...lines.map((l) => `\t\t${l}`), '\t}');
+  const map = (name: string, type: string, comment: string, elems: string[]) =>
+    L.push(`\tmap ${name} {`, `\t\ttype ${type}`, `\t\tcomment "${comment}"`, ...(elems.length ? [`\t\telements = { ${elems.join(',\n\t\t\t     ')} }`] : []), '\t}');
+  map('service-ips', 'ipv4_addr . inet_proto . inet_service : verdict', 'ClusterIP, ExternalIP and LoadBalancer IP traffic',
+    withEp.map((s) => `${s.clusterIP} . ${s.proto} . ${s.port} : goto ${nftServiceChain(s)}`));
+  map('service-nodeports', 'inet_proto . inet_service : verdict', 'NodePort traffic',
+    withEp.filter((s) => s.nodePort).map((s) => `${s.proto} . ${s.nodePort} : goto ${nftExternalChain(s)}`));
+  map('no-endpoint-services', 'ipv4_addr . inet_proto . inet_service : verdict', 'vmap to drop or reject packets to services with no endpoints',
+    noEp.map((s) => `${s.clusterIP} . ${s.proto} . ${s.port} comment "${svcPortName(s)}" : goto reject-chain`));
+  chain('reject-chain', ['comment "helper for @no-endpoint-services / @no-endpoint-nodeports"', 'reject']);
+  chain('filter-output', ['type filter hook output priority -110; policy accept;', 'ct state new jump service-endpoints-check']);
+  chain('filter-forward', ['type filter hook forward priority -110; policy accept;', 'ct state new jump service-endpoints-check']);
+  chain('service-endpoints-check', ['ip daddr . meta l4proto . th dport vmap @no-endpoint-services']);
+  chain('mark-for-masquerade', ['mark set mark or 0x4000']);
+  chain('masquerading', ['mark and 0x4000 == 0 return', 'mark set mark xor 0x4000', ...(opts.masquerade === false ? [] : ['masquerade fully-random'])]);
+  chain('services', ['ip daddr . meta l4proto . th dport vmap @service-ips', 'fib daddr type local meta l4proto . th dport vmap @service-nodeports']);
+  chain('nat-prerouting', ['type nat hook prerouting priority dstnat; policy accept;', 'jump services']);
+  chain('nat-output', ['type nat hook output priority -100; policy accept;', 'jump services']);
+  chain('nat-postrouting', ['type nat hook postrouting priority srcnat; policy accept;', 'jump masquerading']);
+  for (const s of withEp) {
+    const eps = s.endpoints.map((ep) => nftEndpointChain(s, ep));
+    const pick = eps.length === 1 ? `goto ${eps[0]}` : `numgen random mod ${eps.length} vmap { ${eps.map((c, i) => `${i} : goto ${c}`).join(', ')} }`;
+    chain(nftServiceChain(s), [`ip daddr ${s.clusterIP} ${s.proto} dport ${s.port} ip saddr != ${opts.clusterCIDR} jump mark-for-masquerade`, pick]);
+    if (s.nodePort) chain(nftExternalChain(s), ['jump mark-for-masquerade', `goto ${nftServiceChain(s)}`]);
+    s.endpoints.forEach((ep, i) => chain(eps[i]!, [`ip saddr ${ep.ip} jump mark-for-masquerade`, `meta l4proto ${s.proto} dnat to ${ep.ip}:${ep.port}`]));
+  }
+  L.push('}', '');
+  return L.join('\n');
+}

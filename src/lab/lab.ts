@@ -14,7 +14,7 @@ import path from 'node:path';
 import readline from 'node:readline';
 import { SvctraceError } from '../errors';
 import { run, runIn } from './exec';
-import { KubeService, renderFilterTable, renderNatTable } from './kube-rules';
+import { KubeService, renderFilterTable, renderNatTable, renderNftKubeProxy } from './kube-rules';
 
 /** Every lab namespace name starts with this, then `<pid>-<random>-`. */
 export const LAB_PREFIX = 'svt-';
@@ -64,6 +64,8 @@ export interface LabOptions {
   services?: KubeService[];
   /** Add a second node joined by VXLAN, with one pod behind it (default false). */
   remoteNode?: boolean;
+  /** kube-proxy mode the rules are written in (default iptables, via iptables-nft). */
+  proxyMode?: 'iptables' | 'nftables';
 }
 
 export const POD_HTTP_PORT = 8080;
@@ -249,6 +251,7 @@ export class Lab {
     if (opts.remoteNode) await this.buildRemoteNode();
 
     this.services = opts.services ?? labServices(this.pods, this.remotePod);
+    this.proxyMode = opts.proxyMode ?? 'iptables';
     await this.loadRules({ masquerade: opts.masquerade !== false });
     const all = this.remotePod ? [...this.pods, this.remotePod] : this.pods;
     await Promise.all(all.map((p) => this.startServer(p)));
@@ -298,8 +301,15 @@ export class Lab {
     this.remotePod = pod;
   }
 
-  /** (Re)loads the kube-proxy rules into the node namespace. */
+  proxyMode: 'iptables' | 'nftables' = 'iptables';
+
+  /** (Re)loads the kube-proxy rules into the node namespace, in the lab's proxy mode. */
   async loadRules(opts: { masquerade: boolean }): Promise<void> {
+    if (this.proxyMode === 'nftables') {
+      const script = renderNftKubeProxy(this.services, { clusterCIDR: LAB_ADDR.podCIDR, masquerade: opts.masquerade });
+      await runIn(this.nodeNetns, ['nft', '-f', '-'], { input: script });
+      return;
+    }
     const text =
       renderNatTable(this.services, { clusterCIDR: LAB_ADDR.podCIDR, masquerade: opts.masquerade }) +
       renderFilterTable(this.services);

@@ -1,0 +1,53 @@
+/** What svctrace learns about Services from a node's kube-proxy rules. */
+
+export interface DiscoveredEndpoint {
+  ip: string;
+  port: number;
+  /** Chance a new connection picks this endpoint, from the rules (0..1). */
+  probability: number;
+  /** The rule chain that DNATs to it: KUBE-SEP-* (iptables) or endpoint-* (nftables). */
+  chain: string;
+}
+
+export interface DiscoveredService {
+  /** "ns/name:portName" from kube-proxy's comments, when present. */
+  name: string;
+  namespace: string;
+  service: string;
+  portName: string;
+  clusterIP: string;
+  port: number;
+  proto: 'tcp' | 'udp' | 'sctp';
+  nodePorts: number[];
+  endpoints: DiscoveredEndpoint[];
+  /** KUBE-SVC-* or service-* chain. */
+  chain: string;
+  /** sessionAffinity: ClientIP, with its timeout, when the rules pin clients (-m recent). */
+  affinitySeconds?: number;
+  /** The rules REJECT connections: the Service has no endpoints. */
+  rejects: boolean;
+  /** Traffic to the ClusterIP from outside this range is masqueraded (kube-proxy --cluster-cidr). */
+  masqueradeUnless?: string;
+  /** NodePort traffic is masqueraded (externalTrafficPolicy: Cluster). */
+  nodePortMasquerade: boolean;
+  source: 'iptables' | 'nftables' | 'ipvs';
+}
+
+export interface Discovery {
+  mode: 'iptables' | 'nftables' | 'ipvs' | 'none';
+  services: DiscoveredService[];
+  /** Whether the MASQUERADE rule for marked packets is present. */
+  masqueradeRule: boolean;
+  warnings: string[];
+}
+
+/** "ns/name:port" or "ns/name" -> the services it names. */
+export function findByName(d: Discovery, ref: string): DiscoveredService[] {
+  const m = /^([^/\s]+)\/([^:\s]+)(?::(\S+))?$/.exec(ref);
+  if (!m) return [];
+  return d.services.filter((s) => s.namespace === m[1] && s.service === m[2] && (m[3] === undefined || s.portName === m[3] || String(s.port) === m[3]));
+}
+
+export function findByAddress(d: Discovery, ip: string, port: number, proto: string): DiscoveredService | undefined {
+  return d.services.find((s) => s.clusterIP === ip && s.port === port && s.proto === proto);
+}

@@ -1,0 +1,73 @@
+/**
+ * Rule discovery on kube-proxy-format rules (rendered by the lab in
+ * kube-proxy's exact format): endpoints with their effective probabilities,
+ * NodePorts, masquerade, affinity and services without endpoints, in
+ * iptables and nftables modes.
+ */
+import { describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { parseIptablesSave, splitRule } from '../../src/discovery/iptables';
+import { parseNftKubeProxy } from '../../src/discovery/nftables';
+import { findByName } from '../../src/discovery/model';
+import { KubeService, renderFilterTable, renderNatTable, renderNftKubeProxy } from '../../src/lab/kube-rules';
+
+const eps = [10, 11, 12].map((h) => ({ ip: `10.244.1.${h}`, port: 8080 }));
+const services: KubeService[] = [
+  { namespace: 'default', name: 'web', portName: 'http', clusterIP: '10.96.0.100', port: 80, proto: 'tcp', nodePort: 30080, endpoints: eps },
+  { namespace: 'kube-system', name: 'kube-dns', portName: 'dns', clusterIP: '10.96.0.10', port: 53, proto: 'udp', endpoints: eps.map((e) => ({ ...e, port: 5353 })).slice(0, 2) },
+  { namespace: 'default', name: 'empty', portName: 'http', clusterIP: '10.96.0.200', port: 80, proto: 'tcp', endpoints: [] },
+];
+
+describe('iptables-save discovery', () => {
+  const save = renderNatTable(services, { clusterCIDR: '10.244.0.0/16' }) + renderFilterTable(services);
+  const d = parseIptablesSave(save);
+
+  it('splits quoted comments', () => {
+    assert.deepEqual(splitRule('-A X -m comment --comment "default/web:http cluster IP" -j Y'), ['-A', 'X', '-m', 'comment', '--comment', 'default/web:http cluster IP', '-j', 'Y']);
+  });
+
+  it('finds each service with its endpoints and effective probabilities (1/3 each from 0.333/0.5/1)', () => {
+    assert.equal(d.mode, 'iptables');
+    const web = findByName(d, 'default/web')[0]!;
+    assert.equal(web.clusterIP, '10.96.0.100');
+    assert.deepEqual(web.endpoints.map((e) => e.ip), ['10.244.1.10', '10.244.1.11', '10.244.1.12']);
+    for (const e of web.endpoints) assert.ok(Math.abs(e.probability - 1 / 3) < 1e-6, `${e.ip}: ${e.probability}`);
+    assert.match(web.endpoints[0]!.chain, /^KUBE-SEP-/);
+    assert.deepEqual(web.nodePorts, [30080]);
+    assert.equal(web.nodePortMasquerade, true);
+    assert.equal(web.masqueradeUnless, '10.244.0.0/16');
+    const dns = findByName(d, 'kube-system/kube-dns:dns')[0]!;
+    assert.equal(dns.proto, 'udp');
+    assert.deepEqual(dns.endpoints.map((e) => e.probability), [0.5, 0.5]);
+    assert.equal(d.masqueradeRule, true);
+  });
+
+  it('marks services without endpoints (REJECT)', () => {
+    const empty = findByName(d, 'default/empty:http')[0]!;
+    assert.equal(empty.rejects, true);
+    assert.equal(empty.endpoints.length, 0);
+  });
+
+  it('reads session affinity from -m recent rules', () => {
+    const aff = save.replace(
+      /(-A (KUBE-SVC-\S+) -m comment --comment "default\/web:http -> 10\.244\.1\.10:8080")/,
+      '-A $2 -m comment --comment "default/web:http -> 10.244.1.10:8080" -m recent --name KUBE-SEP-AAAA --mask 255.255.255.255 --rsource --rcheck --seconds 10800 --reap -j KUBE-SEP-AAAA\n$1',
+    );
+    assert.equal(findByName(parseIptablesSave(aff), 'default/web')[0]!.affinitySeconds, 10800);
+  });
+});
+
+describe('nftables discovery', () => {
+  it('reads kube-proxy\'s nftables table as printed by nft', () => {
+    // nft prints what it loaded in this shape (checked against a live table in test/kernel/explain.test.ts).
+    const d = parseNftKubeProxy(renderNftKubeProxy(services, { clusterCIDR: '10.244.0.0/16' }).split('\n').slice(2).join('\n'));
+    assert.equal(d.mode, 'nftables');
+    const web = findByName(d, 'default/web:http')[0]!;
+    assert.equal(web.endpoints.length, 3);
+    for (const e of web.endpoints) assert.ok(Math.abs(e.probability - 1 / 3) < 1e-9);
+    assert.match(web.chain, /^service-[A-Z0-9]{8}-default\/web\/tcp\/http$/);
+    assert.deepEqual(web.nodePorts, [30080]);
+    assert.equal(web.nodePortMasquerade, true);
+    assert.equal(findByName(d, 'default/empty')[0]!.rejects, true);
+  });
+});
