@@ -26,6 +26,20 @@ char LICENSE[] SEC("license") = "GPL";
  * services can change after load. */
 volatile __u32 svt_have_nodeports = 0;
 
+/*
+ * Tracked flows registered and not yet seen destroyed (user space
+ * decrements it on conntrack DESTROY). Zero means no packet anywhere can be
+ * of a tracked flow: the device tracepoints then return before touching the
+ * packet, so tracing a quiet service costs the rest of the node nothing.
+ * Flows the LRU map forgets without a destroy only make it too high (safe).
+ */
+volatile __u64 svt_active_flows = 0;
+
+/* Emit every packet at every hook (record --all-packets) instead of the
+ * transitions: first packets, SYN/FIN/RST, unconfirmed or not yet assured
+ * entries, plus one event per packet at the counting hook. */
+const volatile __u32 targ_all_packets = 0;
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, SVT_MAX_SERVICES);
@@ -111,6 +125,7 @@ static __always_inline void register_flow(struct svt_event *e)
 {
 	struct svt_tuple t = {};
 
+	__sync_fetch_and_add(&svt_active_flows, 1);
 	flow_ref_put(&e->ct_orig, e->ct_id, e->service_id, SVT_DIR_ORIGINAL);
 	flow_ref_put(&e->ct_reply, e->ct_id, e->service_id, SVT_DIR_REPLY);
 	reverse_tuple(&t, &e->ct_orig);
@@ -130,6 +145,27 @@ static __always_inline void stash_for_fib(struct svt_event *e)
 	st->ts_ns = e->ts_ns;
 	st->service_id = e->service_id;
 	st->dir = e->dir;
+}
+
+#define TCP_SYN_FIN_RST 0x07
+
+/*
+ * A transition worth an event: anything but TCP, a packet with SYN, FIN or
+ * RST, or an entry that is not yet confirmed and assured. Established data
+ * packets are still counted once, at the hook where every packet passes
+ * exactly once (before DNAT on PRE_ROUTING / LOCAL_OUT).
+ */
+static __always_inline bool is_transition(struct svt_event *e)
+{
+	if (targ_all_packets || e->pkt.proto != IPPROTO_TCP || (e->tcp_flags & TCP_SYN_FIN_RST))
+		return true;
+	if (e->kind == SVT_EV_NF) {
+		if ((e->ct_status & (IPS_CONFIRMED | IPS_ASSURED)) != (IPS_CONFIRMED | IPS_ASSURED))
+			return true;
+		if (e->nf_stage == SVT_STAGE_BEFORE_NAT && (e->nf_hook == NF_INET_PRE_ROUTING || e->nf_hook == NF_INET_LOCAL_OUT))
+			return true; /* the counting point */
+	}
+	return false;
 }
 
 static __always_inline int observe_nf(struct bpf_nf_ctx *ctx, __u8 stage)
@@ -173,6 +209,10 @@ static __always_inline int observe_nf(struct bpf_nf_ctx *ctx, __u8 stage)
 		register_flow(e);
 		svt_count(SVT_CNT_FLOWS);
 	}
+	if (!is_transition(e)) {
+		bpf_ringbuf_discard(e, 0);
+		return NF_ACCEPT;
+	}
 	if (stage == SVT_STAGE_BEFORE_NAT && (hook == NF_INET_PRE_ROUTING || hook == NF_INET_LOCAL_OUT))
 		stash_for_fib(e);
 	svt_submit(e);
@@ -206,7 +246,7 @@ static __always_inline int observe_dev(struct sk_buff *skb, __u16 kind)
 	struct svt_event *e;
 	unsigned char *nh;
 
-	if (BPF_CORE_READ(skb, protocol) != bpf_htons(ETH_P_IP))
+	if (!svt_active_flows || BPF_CORE_READ(skb, protocol) != bpf_htons(ETH_P_IP))
 		return 0;
 	/* On receive the network header offset is reset only after this
 	 * tracepoint; skb->data already points at the IP header. */
@@ -222,6 +262,10 @@ static __always_inline int observe_dev(struct sk_buff *skb, __u16 kind)
 	e->service_id = ref->service_id;
 	e->dir = ref->dir;
 	fill_skb(e, skb, nh);
+	if (!is_transition(e)) {
+		bpf_ringbuf_discard(e, 0);
+		return 0;
+	}
 	fill_dev(e, BPF_CORE_READ(skb, dev));
 	svt_submit(e);
 	return 0;

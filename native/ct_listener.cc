@@ -76,8 +76,8 @@ void ReverseInto(svt_tuple* out, const svt_tuple& in) {
 }  // namespace
 
 CtListener::CtListener(Napi::Env env, const std::string& netns_path, unsigned long netns_ino,
-                       std::shared_ptr<const ServiceSet> services, int flows_map_fd)
-    : netns_ino_(netns_ino), services_(std::move(services)), flows_map_fd_(flows_map_fd) {
+                       std::shared_ptr<const ServiceSet> services, int flows_map_fd, volatile unsigned long long* active_flows)
+    : netns_ino_(netns_ino), services_(std::move(services)), flows_map_fd_(flows_map_fd), active_flows_(active_flows) {
   // A netlink socket belongs to the namespace it is created in: create it
   // there, then read it from any thread.
   NetnsResult r = RunInNetns(netns_path, [&](NetnsResult& res) {
@@ -173,9 +173,14 @@ void CtListener::Handle(const void* data, size_t size) {
     }
     sink_->Append(&e, sizeof(e));
     events_++;
-    // The flow is gone: forget its wire tuples in the kernel.
+    // The flow is gone: forget its wire tuples in the kernel, and count it
+    // out of the active flows (never below zero) if it was registered.
     svt_tuple t;
-    bpf_map_delete_elem(flows_map_fd_, &e.ct_orig);
+    if (bpf_map_delete_elem(flows_map_fd_, &e.ct_orig) == 0 && active_flows_) {
+      unsigned long long cur = __atomic_load_n(active_flows_, __ATOMIC_RELAXED);
+      while (cur > 0 && !__atomic_compare_exchange_n(active_flows_, &cur, cur - 1, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+      }
+    }
     bpf_map_delete_elem(flows_map_fd_, &e.ct_reply);
     ReverseInto(&t, e.ct_orig);
     bpf_map_delete_elem(flows_map_fd_, &t);

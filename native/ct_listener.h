@@ -22,8 +22,9 @@ namespace svt {
 class CtListener {
  public:
   // Opens the netlink socket inside `netns_path`; throws a JS error on failure.
+  // `active_flows` is the BPF program's svt_active_flows (memory-mapped .bss).
   CtListener(Napi::Env env, const std::string& netns_path, unsigned long netns_ino,
-             std::shared_ptr<const ServiceSet> services, int flows_map_fd);
+             std::shared_ptr<const ServiceSet> services, int flows_map_fd, volatile unsigned long long* active_flows);
   ~CtListener();
 
   void Start(Napi::Env env, Napi::Function on_batch);
@@ -41,6 +42,7 @@ class CtListener {
   unsigned long netns_ino_;
   std::shared_ptr<const ServiceSet> services_;
   int flows_map_fd_;
+  volatile unsigned long long* active_flows_;
   std::unique_ptr<BatchSink> sink_;
   std::thread thread_;
   std::atomic<bool> stop_{false};

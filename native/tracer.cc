@@ -70,11 +70,15 @@ Tracer::Tracer(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Tracer>(info),
         throw Napi::RangeError::New(info.Env(), "snaplen must be 0.." + std::to_string(SVT_MAX_SNAPLEN));
     }
   }
-  bool bench = false;
-  if (info.Length() > 0 && info[0].IsObject()) bench = info[0].As<Napi::Object>().Get("benchSource").ToBoolean();
+  bool bench = false, all_packets = false;
+  if (info.Length() > 0 && info[0].IsObject()) {
+    bench = info[0].As<Napi::Object>().Get("benchSource").ToBoolean();
+    all_packets = info[0].As<Napi::Object>().Get("allPackets").ToBoolean();
+  }
   skel_ = svctrace_bpf__open();
   if (!skel_) ThrowErrno(info.Env(), "svctrace_bpf__open", errno);
   skel_->rodata->targ_snaplen = snaplen;
+  skel_->rodata->targ_all_packets = all_packets ? 1 : 0;
   // The benchmark event source is loaded only when asked for (bench/).
   bpf_program__set_autoload(skel_->progs.svt_bench_emit, bench);
   napi_add_env_cleanup_hook(env_, &Tracer::CleanupHook, this);
@@ -185,7 +189,7 @@ Napi::Value Tracer::AttachNetfilter(const Napi::CallbackInfo& info) {
 
   // Conntrack DESTROY events of this namespace: how flows are seen to end.
   auto listener = std::make_unique<CtListener>(env, path, NetnsInode(path), services_,
-                                               bpf_map__fd(skel_->maps.svt_flows));
+                                               bpf_map__fd(skel_->maps.svt_flows), &skel_->bss->svt_active_flows);
 
   std::vector<bpf_link*> attached;
   NetnsResult r = RunInNetns(path, [&](NetnsResult& res) {
@@ -257,6 +261,7 @@ Napi::Value Tracer::Stats(const Napi::CallbackInfo& info) {
     ct_events += l->events();
     ct_overruns += l->overruns();
   }
+  out.Set("activeFlows", Napi::Number::New(env, (double)skel_->bss->svt_active_flows));
   out.Set("ctDestroyEvents", Napi::Number::New(env, (double)ct_events));
   out.Set("ctOverruns", Napi::Number::New(env, (double)ct_overruns));
   return out;

@@ -19,6 +19,7 @@ export interface SelectionOptions {
   service: string[];
   nodeport: string[];
   netns: string[];
+  allPackets?: boolean;
 }
 
 /** --service / --nodeport / --netns, as every tracing command takes them. */
@@ -26,7 +27,8 @@ export function addSelectionOptions(cmd: Command): Command {
   return cmd
     .option('-s, --service <ip:port[/proto]>', 'ClusterIP service to trace (repeatable)', collect, [])
     .option('--nodeport <port[/proto]>', 'NodePort to trace (repeatable)', collect, [])
-    .option('--netns <name|path>', "network namespace of the node (repeatable; default: svctrace's own)", collect, []);
+    .option('--netns <name|path>', "network namespace of the node (repeatable; default: svctrace's own)", collect, [])
+    .option('--all-packets', 'an event for every packet at every hook (default: the transitions — first packets, SYN/FIN/RST, drops — plus one per packet for counting)');
 }
 
 export function servicesFrom(opts: SelectionOptions): ServiceSpec[] {

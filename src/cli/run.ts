@@ -12,6 +12,7 @@ import { registerLab } from './commands/lab';
 import { registerServe } from './commands/serve';
 import { registerWatch } from './commands/watch';
 import { registerEvidence } from './commands/evidence';
+import { registerExplain } from './commands/explain';
 import { VERSION } from '../version';
 
 export function buildProgram(): Command {
@@ -30,6 +31,7 @@ export function buildProgram(): Command {
   registerServe(program);
   registerWatch(program);
   registerEvidence(program);
+  registerExplain(program);
   for (const cmd of program.commands) cmd.exitOverride();
   return program;
 }

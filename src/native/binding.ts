@@ -51,6 +51,8 @@ export interface NativeStats {
   readerDropped: number;
   malformed: number;
   links: number;
+  /** Tracked flows the kernel believes alive (a hint: may over-count). */
+  activeFlows: number;
   ctDestroyEvents: number;
   ctOverruns: number;
 }
@@ -67,7 +69,7 @@ export interface NativeTracer {
 }
 
 export interface NativeBinding {
-  Tracer: new (opts?: { snaplen?: number; benchSource?: boolean }) => NativeTracer;
+  Tracer: new (opts?: { snaplen?: number; benchSource?: boolean; allPackets?: boolean }) => NativeTracer;
   probeFeatures(): NativeFeatures;
   layout(): NativeLayout;
   dropReasons(): Record<string, string>;

@@ -29,6 +29,7 @@ export interface RecordOptions {
   services: ServiceSpec[];
   netns: string[];
   snaplen: number;
+  allPackets?: boolean;
   durationS?: number;
   maxBytes?: number;
   overwrite?: boolean;
@@ -90,6 +91,7 @@ export async function record(opts: RecordOptions): Promise<pb.IRecordingTrailer>
     services: opts.services,
     netns: netnsPaths,
     snaplen: opts.snaplen,
+    allPackets: opts.allPackets,
     onIngested: (items) => {
       if (stopReason === 'max-size') return;
       for (const { event } of items) {

@@ -22,6 +22,7 @@ export interface FlowTracerOptions {
   closeGraceMs?: number;
   maxFlows?: number;
   snaplen?: number;
+  allPackets?: boolean;
 }
 
 /** State the event callback fills before the FlowTracer object exists. */
@@ -60,6 +61,7 @@ export class FlowTracer {
       services: opts.services,
       netns: opts.netns,
       snaplen: opts.snaplen,
+      allPackets: opts.allPackets,
       onEvents: (events) => {
         const items = table.ingest(events);
         for (const { flow } of items) {

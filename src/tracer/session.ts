@@ -15,6 +15,8 @@ export interface SessionOptions {
   onEvents: (events: KernelEvent[]) => void;
   /** Packet bytes to capture per event (0 = off, the default). */
   snaplen?: number;
+  /** Every packet at every hook instead of the transitions. */
+  allPackets?: boolean;
 }
 
 export class TraceSession {
@@ -31,7 +33,7 @@ export class TraceSession {
   static start(opts: SessionOptions): TraceSession {
     if (opts.services.length === 0) throw new SvctraceError('BAD_INPUT', 'give at least one --service IP:port or --nodeport PORT');
     if (opts.netns.length === 0) throw new SvctraceError('BAD_INPUT', 'give at least one network namespace to attach in');
-    const tracer = Tracer.open({ snaplen: opts.snaplen });
+    const tracer = Tracer.open({ snaplen: opts.snaplen, allPackets: opts.allPackets });
     try {
       tracer.setServices(opts.services);
       for (const ns of opts.netns) tracer.attachNetns(ns);

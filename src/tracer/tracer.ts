@@ -42,12 +42,16 @@ export class Tracer {
     installExitHook();
   }
 
-  /** Opens and loads the BPF programs (verifier runs here). snaplen: packet bytes to capture per event (0 = off). */
-  static open(opts: { snaplen?: number } = {}): Tracer {
+  /**
+   * Opens and loads the BPF programs (verifier runs here). snaplen: packet
+   * bytes to capture per event (0 = off). allPackets: an event for every
+   * packet at every hook, not only the transitions.
+   */
+  static open(opts: { snaplen?: number; allPackets?: boolean } = {}): Tracer {
     const binding = loadBinding();
     let native: NativeTracer;
     try {
-      native = new binding.Tracer({ snaplen: opts.snaplen ?? 0 });
+      native = new binding.Tracer({ snaplen: opts.snaplen ?? 0, allPackets: !!opts.allPackets });
       native.load();
     } catch (e) {
       throw fromNativeError(e);

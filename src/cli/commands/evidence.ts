@@ -68,6 +68,7 @@ export function registerEvidence(program: Command): void {
         services,
         netns: opts.netns.length ? opts.netns : [CURRENT_NETNS],
         snaplen: parseSnaplen(opts.snaplen),
+        allPackets: !!opts.allPackets,
         durationS,
         maxBytes,
         overwrite: !!opts.force,

@@ -46,6 +46,7 @@ export function registerServe(program: Command): void {
       const tracer = FlowTracer.start({
         services,
         netns: opts.netns.length ? opts.netns : [CURRENT_NETNS],
+        allPackets: !!opts.allPackets,
         onIngested: (items) => server?.publish(items.map((i) => i.event)),
       });
       try {

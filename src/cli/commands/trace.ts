@@ -29,6 +29,7 @@ export function registerTrace(program: Command): void {
         services,
         netns: opts.netns.length ? opts.netns : [CURRENT_NETNS],
         snaplen,
+        allPackets: !!opts.allPackets,
         onIngested: (items) => {
           if (opts.output === 'json') {
             if (items.length) write(items.map((i) => eventToJson(i.event)).join('\n') + '\n');

@@ -1,0 +1,187 @@
+/**
+ * The classic Service failures, each with the evidence that proves it. Pure
+ * functions over what discovery, the node's kernel and (with --watch) live
+ * flows showed; the explain command gathers the inputs.
+ */
+import { DiscoveredService } from '../discovery/model';
+import { ConntrackPressure, NeighbourInfo, RouteInfo } from './node-state';
+
+export interface Diagnosis {
+  code:
+    | 'NO_ENDPOINTS'
+    | 'RULES_MISSING'
+    | 'GHOST_BACKEND'
+    | 'SESSION_AFFINITY'
+    | 'CONNECTION_REUSE'
+    | 'SKEWED_DISTRIBUTION'
+    | 'CONNTRACK_PRESSURE'
+    | 'CLIENT_IP_HIDDEN'
+    | 'MASQUERADE_RULE_MISSING'
+    | 'BACKEND_NOT_LISTENING'
+    | 'REPLY_PATH_BROKEN';
+  severity: 'error' | 'warning' | 'info';
+  summary: string;
+  evidence: string[];
+}
+
+export interface BackendState {
+  ip: string;
+  port: number;
+  route: RouteInfo;
+  neighbour: NeighbourInfo;
+  /** --probe: a TCP connection attempt from the node: true, false, or undefined when not probed. */
+  probe?: boolean;
+}
+
+/** Flows seen live for one backend (explain --watch). */
+export interface ObservedBackend {
+  backend: string;
+  flows: number;
+  /** Flows the backend answered (SEEN_REPLY). */
+  answered: number;
+  resets: number;
+  /** Packets carried by the busiest flow (connection reuse shows as a few flows with many requests). */
+  maxPacketsPerFlow: number;
+  clients: Set<string>;
+}
+
+export interface ObservedTraffic {
+  seconds: number;
+  flows: number;
+  notDnated: number;
+  backends: ObservedBackend[];
+  masqueraded: number;
+}
+
+export function diagnoseRules(svc: DiscoveredService | undefined, target: string, masqueradeRule: boolean): Diagnosis[] {
+  if (!svc) {
+    return [{
+      code: 'RULES_MISSING',
+      severity: 'error',
+      summary: `no kube-proxy rule matches ${target} on this node: packets to it are not DNATed (the Service is missing from the rules, or kube-proxy is not running or not synced)`,
+      evidence: ['no KUBE-SERVICES rule (iptables) or service-ips element (nftables) for this address and port'],
+    }];
+  }
+  const out: Diagnosis[] = [];
+  if (svc.rejects || svc.endpoints.length === 0) {
+    out.push({
+      code: 'NO_ENDPOINTS',
+      severity: 'error',
+      summary: `${svc.name} has no endpoints: kube-proxy ${svc.rejects ? 'REJECTs' : 'drops'} new connections (clients see "connection refused"); check the pods' readiness and the EndpointSlices`,
+      evidence: [svc.rejects ? `REJECT rule for ${svc.clusterIP}:${svc.port} ("has no endpoints")` : `${svc.chain} has no endpoint rule`],
+    });
+  }
+  if (svc.affinitySeconds) {
+    out.push({
+      code: 'SESSION_AFFINITY',
+      severity: 'info',
+      summary: `sessionAffinity: ClientIP (${svc.affinitySeconds} s): each client sticks to one backend, so few clients make an uneven distribution`,
+      evidence: [`-m recent --rcheck --seconds ${svc.affinitySeconds} rules in ${svc.chain}`],
+    });
+  }
+  if (svc.nodePorts.length && svc.nodePortMasquerade) {
+    out.push({
+      code: 'CLIENT_IP_HIDDEN',
+      severity: 'info',
+      summary: `NodePort ${svc.nodePorts.join(',')} traffic is masqueraded: pods see this node's address, not the client (externalTrafficPolicy: Cluster); use Local to keep the client IP`,
+      evidence: ['the NodePort chain jumps to KUBE-MARK-MASQ / mark-for-masquerade for every packet'],
+    });
+  }
+  if ((svc.masqueradeUnless || svc.nodePortMasquerade) && !masqueradeRule) {
+    out.push({
+      code: 'MASQUERADE_RULE_MISSING',
+      severity: 'warning',
+      summary: 'packets are marked for masquerade but no MASQUERADE rule acts on the mark: replies from pods may not come back the way the request went',
+      evidence: ['KUBE-MARK-MASQ / mark-for-masquerade present, no MASQUERADE in KUBE-POSTROUTING / masquerading'],
+    });
+  }
+  return out;
+}
+
+export function diagnoseBackends(svc: DiscoveredService, backends: BackendState[]): Diagnosis[] {
+  const out: Diagnosis[] = [];
+  for (const b of backends) {
+    const bad: string[] = [];
+    if (!b.route.ok) bad.push(`no route: ${b.route.error}`);
+    if (['FAILED', 'INCOMPLETE'].includes(b.neighbour.state)) bad.push(`neighbour ${b.neighbour.state} (nothing answers ARP for ${b.ip})`);
+    if (b.probe === false) bad.push(`TCP connect to ${b.ip}:${b.port} from the node failed`);
+    if (bad.length) {
+      out.push({
+        code: 'GHOST_BACKEND',
+        severity: 'error',
+        summary: `${svc.name} DNATs to ${b.ip}:${b.port}, which this node cannot reach: a stale ("ghost") endpoint — the pod is gone or unreachable, yet the rules still send it connections`,
+        evidence: bad,
+      });
+    }
+  }
+  return out;
+}
+
+export function diagnoseConntrack(p: ConntrackPressure | null): Diagnosis[] {
+  if (!p) return [];
+  const ev: string[] = [];
+  if (p.max && p.count / p.max >= 0.9) ev.push(`nf_conntrack_count ${p.count} of nf_conntrack_max ${p.max} (${((100 * p.count) / p.max).toFixed(0)}%)`);
+  if (p.insertFailed) ev.push(`insert_failed=${p.insertFailed}`);
+  if (p.drop) ev.push(`drop=${p.drop}`);
+  if (p.earlyDrop) ev.push(`early_drop=${p.earlyDrop}`);
+  if (!ev.length) return [];
+  return [{ code: 'CONNTRACK_PRESSURE', severity: 'error', summary: 'conntrack is under pressure: new connections are dropped or fail to insert (timeouts, resets under load)', evidence: ev }];
+}
+
+/** Chi-square statistic of observed new flows per backend vs the rules' probabilities. */
+export function chiSquare(observed: number[], probabilities: number[]): number {
+  const n = observed.reduce((a, b) => a + b, 0);
+  let x2 = 0;
+  observed.forEach((o, i) => {
+    const e = n * (probabilities[i] ?? 0);
+    if (e > 0) x2 += ((o - e) * (o - e)) / e;
+  });
+  return x2;
+}
+
+/** Upper-tail critical values of chi-square at p = 0.001, by degrees of freedom. */
+const CHI2_P001 = [0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12, 27.88, 29.59];
+
+export function diagnoseTraffic(svc: DiscoveredService, t: ObservedTraffic): Diagnosis[] {
+  const out: Diagnosis[] = [];
+  if (t.notDnated > 0) {
+    out.push({ code: 'RULES_MISSING', severity: 'error', summary: `${t.notDnated} of ${t.flows} connections to ${svc.clusterIP}:${svc.port} were not DNATed`, evidence: ['after-DNAT hook saw the ClusterIP still as destination'] });
+  }
+  for (const b of t.backends) {
+    if (b.resets > 0) {
+      out.push({ code: 'BACKEND_NOT_LISTENING', severity: 'error', summary: `${b.backend} answered ${b.resets} connection(s) with a TCP RST: nothing listens on that port in the pod (wrong targetPort, or the app is down)`, evidence: [`${b.resets} RST from the backend`] });
+    }
+    const unanswered = b.flows - b.answered - b.resets;
+    if (unanswered > 0 && b.flows > 0) {
+      out.push({ code: 'REPLY_PATH_BROKEN', severity: 'error', summary: `${unanswered} of ${b.flows} connections to ${b.backend} got no reply (conntrack never reached SEEN_REPLY): the backend is gone, filtered, or its replies take another path`, evidence: [`${unanswered} flows without SEEN_REPLY`] });
+    }
+  }
+  const withEndpoints = svc.endpoints.filter((e) => e.probability > 0);
+  const observed = withEndpoints.map((e) => t.backends.find((b) => b.backend === `${e.ip}:${e.port}`)?.flows ?? 0);
+  const total = observed.reduce((a, b) => a + b, 0);
+  if (withEndpoints.length > 1 && total >= 5 * withEndpoints.length) {
+    const x2 = chiSquare(observed, withEndpoints.map((e) => e.probability));
+    const crit = CHI2_P001[Math.min(withEndpoints.length - 1, CHI2_P001.length - 1)]!;
+    if (x2 > crit) {
+      out.push({
+        code: 'SKEWED_DISTRIBUTION',
+        severity: svc.affinitySeconds ? 'info' : 'warning',
+        summary: svc.affinitySeconds
+          ? `new connections are unevenly spread, as sessionAffinity: ClientIP makes them (${t.backends.reduce((s, b) => s + b.clients.size, 0)} client addresses)`
+          : `new connections are spread unevenly compared with the rules' probabilities (chi-square ${x2.toFixed(1)} > ${crit}, p < 0.001)`,
+        evidence: withEndpoints.map((e, i) => `${e.ip}:${e.port}: ${observed[i]} of ${total} (expected ${(100 * e.probability).toFixed(1)}%)`),
+      });
+    }
+  }
+  // "All traffic lands on one pod": few connections carrying many requests each.
+  const busiest = t.backends.reduce((m, b) => Math.max(m, b.maxPacketsPerFlow), 0);
+  if (t.flows > 0 && t.flows <= withEndpoints.length * 2 && busiest >= 20) {
+    out.push({
+      code: 'CONNECTION_REUSE',
+      severity: 'info',
+      summary: `only ${t.flows} connection(s) in ${t.seconds} s carried the traffic (up to ${busiest} packets each): kube-proxy balances connections, not requests, so keep-alive clients stay on one pod`,
+      evidence: t.backends.map((b) => `${b.backend}: ${b.flows} flows, busiest ${b.maxPacketsPerFlow} packets`),
+    });
+  }
+  return out;
+}

@@ -1,0 +1,152 @@
+/**
+ * `svctrace explain`: the path the kernel will take for a Service on this
+ * node — rule chain, each backend's probability, masquerade, NodePorts,
+ * affinity, route and neighbour to each backend — the diagnoses that follow,
+ * and with `watch` the live distribution compared with the rules.
+ */
+import { SvctraceError } from '../errors';
+import { discover, runInNetns } from '../discovery/discover';
+import { DiscoveredService, Discovery, findByAddress, findByName } from '../discovery/model';
+import { parseServiceSpec } from '../net/ipv4';
+import { CURRENT_NETNS, resolveNetns } from '../tracer/netns';
+import { FlowTracer } from '../tracer/flow-tracer';
+import { waitForStop } from '../tracer/session';
+import { IPS_SEEN_REPLY } from '../events/conntrack';
+import { BackendState, Diagnosis, diagnoseBackends, diagnoseConntrack, diagnoseRules, diagnoseTraffic, ObservedTraffic } from './diagnose';
+import { conntrackPressure, neighbour, routeTo } from './node-state';
+
+export interface ExplainOptions {
+  target: string;
+  netns?: string;
+  watchSeconds?: number;
+  probe?: boolean;
+}
+
+export interface Explanation {
+  target: string;
+  netns: string;
+  mode: Discovery['mode'];
+  service?: DiscoveredService;
+  backends: BackendState[];
+  observed?: ObservedTraffic;
+  diagnoses: Diagnosis[];
+}
+
+const PROBE = `const s=require('net').connect(Number(process.argv[2]),process.argv[1]);s.setTimeout(1000);s.on('connect',()=>process.exit(0));s.on('error',()=>process.exit(1));s.on('timeout',()=>process.exit(2));`;
+
+/** Resolves `ns/name[:port]` or `IP:port[/proto]` to the discovered services it names. */
+export function resolveTarget(d: Discovery, target: string): { services: DiscoveredService[]; label: string } {
+  if (/^[^/\s:]+\/[^/\s]+$/.test(target) && !/^\d+\.\d+\.\d+\.\d+/.test(target)) {
+    const services = findByName(d, target);
+    if (!services.length) throw new SvctraceError('BAD_INPUT', `no Service '${target}' in this node's kube-proxy rules (${d.mode} mode, ${d.services.length} services)`);
+    return { services, label: target };
+  }
+  const spec = parseServiceSpec(target);
+  const s = findByAddress(d, spec.address!, spec.port, spec.proto);
+  return { services: s ? [s] : [], label: `${spec.address}:${spec.port}/${spec.proto}` };
+}
+
+export async function explain(opts: ExplainOptions): Promise<Explanation[]> {
+  const netns = opts.netns ? resolveNetns(opts.netns) : CURRENT_NETNS;
+  const d = await discover(netns);
+  const { services, label } = resolveTarget(d, opts.target);
+  if (!services.length) {
+    return [{ target: label, netns, mode: d.mode, backends: [], diagnoses: [...diagnoseRules(undefined, label, d.masqueradeRule), ...diagnoseConntrack(await conntrackPressure(netns))] }];
+  }
+  const pressure = await conntrackPressure(netns);
+  const out: Explanation[] = [];
+  for (const svc of services) {
+    const backends: BackendState[] = await Promise.all(
+      svc.endpoints.map(async (e) => {
+        const b: BackendState = { ip: e.ip, port: e.port, route: await routeTo(netns, e.ip), neighbour: await neighbour(netns, e.ip) };
+        if (opts.probe && svc.proto === 'tcp') b.probe = (await runInNetns(netns, [process.execPath, '-e', PROBE, e.ip, String(e.port)])).code === 0;
+        return b;
+      }),
+    );
+    out.push({
+      target: `${svc.clusterIP}:${svc.port}/${svc.proto}`,
+      netns,
+      mode: d.mode,
+      service: svc,
+      backends,
+      diagnoses: [...diagnoseRules(svc, label, d.masqueradeRule), ...diagnoseBackends(svc, backends), ...diagnoseConntrack(pressure)],
+    });
+  }
+  if (opts.watchSeconds) await watch(out, netns, opts.watchSeconds);
+  return out;
+}
+
+/** Traces the services for a while and adds what the traffic showed. */
+async function watch(exps: Explanation[], netns: string, seconds: number): Promise<void> {
+  const svcs = exps.map((e) => e.service!).filter(Boolean);
+  if (!svcs.length) return;
+  const tracer = FlowTracer.start({
+    services: svcs.map((s) => parseServiceSpec(`${s.clusterIP}:${s.port}/${s.proto}`)),
+    netns: [netns],
+    closeGraceMs: 3_600_000,
+  });
+  await waitForStop(seconds);
+  const flows = tracer.table.flows();
+  await tracer.stop();
+  for (const e of exps) {
+    const s = e.service;
+    if (!s) continue;
+    const mine = flows.filter((f) => f.orig.daddr === s.clusterIP && f.orig.dport === s.port);
+    const byBackend = new Map<string, ObservedTraffic['backends'][number]>();
+    let notDnated = 0;
+    let masqueraded = 0;
+    for (const f of mine) {
+      if (!f.dnat) {
+        notDnated++;
+        continue;
+      }
+      if (f.masqueraded) masqueraded++;
+      const key = `${f.reply.saddr}:${f.reply.sport}`;
+      let b = byBackend.get(key);
+      if (!b) byBackend.set(key, (b = { backend: key, flows: 0, answered: 0, resets: 0, maxPacketsPerFlow: 0, clients: new Set() }));
+      b.flows++;
+      if (f.reset) b.resets++;
+      else if (f.status & IPS_SEEN_REPLY) b.answered++;
+      b.maxPacketsPerFlow = Math.max(b.maxPacketsPerFlow, f.packets[0] + f.packets[1]);
+      b.clients.add(f.orig.saddr);
+    }
+    e.observed = { seconds, flows: mine.length, notDnated, backends: [...byBackend.values()], masqueraded };
+    e.diagnoses.push(...diagnoseTraffic(s, e.observed));
+  }
+}
+
+function pct(p: number): string {
+  return `${(100 * p).toFixed(1)}%`;
+}
+
+export function formatExplanation(e: Explanation): string {
+  const L: string[] = [];
+  const s = e.service;
+  if (!s) {
+    L.push(`${e.target}: not a Service on this node (kube-proxy mode: ${e.mode}, namespace ${e.netns})`);
+  } else {
+    L.push(`${s.name}  ${s.clusterIP}:${s.port}/${s.proto}  (kube-proxy ${s.source} mode, namespace ${e.netns})`);
+    const chainPath = s.source === 'iptables' ? `KUBE-SERVICES -> ${s.chain || '(none)'} -> KUBE-SEP-*` : `services -> @service-ips -> ${s.chain || '(none)'} -> endpoint-*`;
+    L.push(`  rules: ${chainPath}`);
+    L.push(`  masquerade: ${s.masqueradeUnless ? `connections from outside ${s.masqueradeUnless} to the ClusterIP are masqueraded` : 'ClusterIP traffic is not masqueraded'}`);
+    L.push(`  NodePorts: ${s.nodePorts.length ? `${s.nodePorts.join(', ')}${s.nodePortMasquerade ? ' (masqueraded: pods see the node, not the client)' : ' (client address kept)'}` : 'none'}`);
+    L.push(`  session affinity: ${s.affinitySeconds ? `ClientIP, ${s.affinitySeconds} s` : 'none'}`);
+    L.push(`  backends (${s.endpoints.length}):${s.endpoints.length ? '' : ' none'}`);
+    s.endpoints.forEach((ep, i) => {
+      const b = e.backends[i];
+      const route = !b ? '' : b.route.ok ? `dev ${b.route.dev}${b.route.gateway ? ` via ${b.route.gateway}` : ''}${b.route.src ? ` src ${b.route.src}` : ''}` : `NO ROUTE (${b.route.error})`;
+      const neigh = b ? `neighbour ${b.neighbour.state}` : '';
+      const probe = b?.probe === undefined ? '' : b.probe ? ', TCP connect ok' : ', TCP connect FAILED';
+      const obs = e.observed?.backends.find((o) => o.backend === `${ep.ip}:${ep.port}`);
+      const seen = e.observed ? `  observed ${obs?.flows ?? 0} of ${e.observed.flows}` : '';
+      L.push(`    ${`${ep.ip}:${ep.port}`.padEnd(21)} ${pct(ep.probability).padStart(6)}  ${ep.chain}  route: ${route}, ${neigh}${probe}${seen}`);
+    });
+  }
+  if (e.observed) L.push(`  watched ${e.observed.seconds} s: ${e.observed.flows} new connections, ${e.observed.masqueraded} masqueraded, ${e.observed.notDnated} not DNATed`);
+  L.push(e.diagnoses.length ? '  diagnoses:' : '  diagnoses: none');
+  for (const d of e.diagnoses) {
+    L.push(`    [${d.severity.toUpperCase()}] ${d.code}: ${d.summary}`);
+    for (const ev of d.evidence) L.push(`        evidence: ${ev}`);
+  }
+  return L.join('\n');
+}
