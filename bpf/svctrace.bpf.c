@@ -89,11 +89,58 @@ static __always_inline __u32 *service_lookup(__u32 addr, __u16 port, __u8 proto)
 	return bpf_map_lookup_elem(&svt_services, &key);
 }
 
-static __always_inline __u32 *service_of_ct(struct nf_conn *ct)
+/*
+ * The last conntrack entry each CPU looked up, with its answer: a packet
+ * meets four of our netfilter programs, and a connection's packets mostly
+ * stay on one CPU, so most lookups (untraced ones too) end here with no
+ * tuple reads and no hash lookup.
+ */
+struct ct_verdict {
+	__u64 ct;
+	__u32 service_id; /* 0: not traced */
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ct_verdict);
+} svt_ct_cache SEC(".maps");
+
+/* Bumped by user space whenever the service selection changes. */
+volatile __u32 svt_services_gen = 0;
+
+static __always_inline __u32 *service_of_ct_uncached(struct nf_conn *ct)
 {
 	return service_lookup(BPF_CORE_READ(ct, tuplehash[IP_CT_DIR_ORIGINAL].tuple.dst.u3.ip),
 			      BPF_CORE_READ(ct, tuplehash[IP_CT_DIR_ORIGINAL].tuple.dst.u.all),
 			      BPF_CORE_READ(ct, tuplehash[IP_CT_DIR_ORIGINAL].tuple.dst.protonum));
+}
+
+/* The traced service id of a conntrack entry, 0 when it is not traced. */
+static __always_inline __u32 service_id_of_ct(struct nf_conn *ct)
+{
+	__u32 zero = 0, *svc;
+	struct ct_verdict *c = bpf_map_lookup_elem(&svt_ct_cache, &zero);
+	struct nf_conntrack_man src;
+	__u64 key;
+
+	/* nf_conn memory is reused (SLAB_TYPESAFE_BY_RCU): the client address
+	 * and port tell a new entry at an old address apart, and the selection's
+	 * generation keeps a cached "not traced" from outliving a change of it. */
+	if (bpf_core_read(&src, sizeof(src), &ct->tuplehash[IP_CT_DIR_ORIGINAL].tuple.src))
+		return 0;
+	key = (__u64)ct ^ ((__u64)src.u3.ip << 16) ^ ((__u64)src.u.all << 48) ^ ((__u64)svt_services_gen << 56);
+
+	if (c && c->ct == key)
+		return c->service_id;
+	svc = service_of_ct_uncached(ct);
+	if (c) {
+		c->ct = key;
+		c->service_id = svc ? *svc : 0;
+	}
+	return svc ? *svc : 0;
 }
 
 /* Priority the stage programs are attached at, per hook (see events.h). */
@@ -175,13 +222,13 @@ static __always_inline int observe_nf(struct bpf_nf_ctx *ctx, __u8 stage)
 	struct net_device *dev;
 	struct svt_event *e;
 	struct nf_conn *ct;
-	__u32 *svc;
+	__u32 svc;
 	__u8 hook;
 
 	ct = ct_of_skb(skb);
 	if (!ct)
 		return NF_ACCEPT;
-	svc = service_of_ct(ct);
+	svc = service_id_of_ct(ct);
 	if (!svc)
 		return NF_ACCEPT;
 
@@ -192,7 +239,7 @@ static __always_inline int observe_nf(struct bpf_nf_ctx *ctx, __u8 stage)
 	e->nf_hook = hook;
 	e->nf_stage = stage;
 	e->nf_priority = nf_priority_of(hook, stage);
-	e->service_id = *svc;
+	e->service_id = svc;
 	e->netns_ino = BPF_CORE_READ(state, net, ns.inum);
 	if (hook == NF_INET_PRE_ROUTING || hook == NF_INET_LOCAL_IN)
 		dev = BPF_CORE_READ(state, in);
@@ -299,7 +346,7 @@ int BPF_PROG(svt_drop, struct sk_buff *skb, void *location, enum skb_drop_reason
 	nh = BPF_CORE_READ(skb, head) + BPF_CORE_READ(skb, network_header);
 	ct = ct_of_skb(skb);
 	if (ct) {
-		svc = service_of_ct(ct);
+		svc = service_of_ct_uncached(ct);
 	} else {
 		ref = flow_of_packet(nh, &t);
 		/* A first packet dropped before conntrack kept it (table full):

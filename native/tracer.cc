@@ -172,6 +172,8 @@ Napi::Value Tracer::SetServices(const Napi::CallbackInfo& info) {
     if (bpf_map_update_elem(fd, &key, &id, BPF_ANY) != 0) ThrowErrno(env, "bpf_map_update_elem", errno, "svt_services");
   }
   skel_->bss->svt_have_nodeports = have_nodeports ? 1 : 0;
+  // Invalidates the programs' per-CPU cache of "is this connection traced".
+  __atomic_add_fetch(&skel_->bss->svt_services_gen, 1, __ATOMIC_RELEASE);
   std::vector<svt_service_key> keys;
   for (auto& kv : entries) keys.push_back(kv.first);
   services_->Replace(keys);

@@ -3,6 +3,9 @@ import fs from 'node:fs';
 import { Command } from 'commander';
 import { SvctraceError } from '../errors';
 import { parseNodePortSpec, parseServiceSpec, ServiceSpec } from '../net/ipv4';
+import { discover } from '../discovery/discover';
+import { DiscoveredService, findByName } from '../discovery/model';
+import { CURRENT_NETNS, resolveNetns } from '../tracer/netns';
 
 export function collect(value: string, previous: string[]): string[] {
   return previous.concat([value]);
@@ -16,6 +19,7 @@ export function parseDuration(v: string | undefined): number | undefined {
 }
 
 export interface SelectionOptions {
+  allServices?: boolean;
   service: string[];
   nodeport: string[];
   netns: string[];
@@ -25,14 +29,38 @@ export interface SelectionOptions {
 /** --service / --nodeport / --netns, as every tracing command takes them. */
 export function addSelectionOptions(cmd: Command): Command {
   return cmd
-    .option('-s, --service <ip:port[/proto]>', 'ClusterIP service to trace (repeatable)', collect, [])
+    .option('-s, --service <ip:port[/proto]|ns/name[:port]>', 'Service to trace (repeatable); names resolve through the node\'s kube-proxy rules', collect, [])
+    .option('--all-services', 'trace every ClusterIP found in the kube-proxy rules')
     .option('--nodeport <port[/proto]>', 'NodePort to trace (repeatable)', collect, [])
     .option('--netns <name|path>', "network namespace of the node (repeatable; default: svctrace's own)", collect, [])
     .option('--all-packets', 'an event for every packet at every hook (default: the transitions — first packets, SYN/FIN/RST, drops — plus one per packet for counting)');
 }
 
-export function servicesFrom(opts: SelectionOptions): ServiceSpec[] {
-  return [...opts.service.map(parseServiceSpec), ...opts.nodeport.map(parseNodePortSpec)];
+/** IP:port specs parse directly; `ns/name[:port]` and --all-services resolve through the node's kube-proxy rules. */
+export async function servicesFrom(opts: SelectionOptions): Promise<ServiceSpec[]> {
+  const byName = opts.service.filter(isServiceName);
+  const specs = [...opts.service.filter((s) => !isServiceName(s)).map(parseServiceSpec), ...opts.nodeport.map(parseNodePortSpec)];
+  if (!byName.length && !opts.allServices) return specs;
+  const netns = opts.netns.length ? resolveNetns(opts.netns[0]!) : CURRENT_NETNS;
+  const d = await discover(netns);
+  const add = (s: DiscoveredService) => {
+    const spec = parseServiceSpec(`${s.clusterIP}:${s.port}/${s.proto}`);
+    if (!specs.some((x) => x.address === spec.address && x.port === spec.port && x.proto === spec.proto)) specs.push({ ...spec, text: `${s.name} (${spec.text})` });
+  };
+  for (const ref of byName) {
+    const found = findByName(d, ref);
+    if (!found.length) throw new SvctraceError('BAD_INPUT', `no Service '${ref}' in the kube-proxy rules of ${netns} (${d.mode} mode, ${d.services.length} services)`);
+    found.forEach(add);
+  }
+  if (opts.allServices) {
+    if (!d.services.length) throw new SvctraceError('BAD_INPUT', `--all-services: no kube-proxy rules found in ${netns}`);
+    d.services.forEach(add);
+  }
+  return specs;
+}
+
+function isServiceName(s: string): boolean {
+  return /^[a-z0-9]([-a-z0-9]*[a-z0-9])?\/[a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[A-Za-z0-9-]+)?$/.test(s);
 }
 
 /** --token or --token-file (first line), never both. */

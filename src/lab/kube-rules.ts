@@ -20,6 +20,8 @@ export interface KubeService {
   proto: 'tcp' | 'udp';
   nodePort?: number;
   endpoints: KubeEndpoint[];
+  /** sessionAffinity: ClientIP with this timeout (kube-proxy's -m recent rules). */
+  affinitySeconds?: number;
 }
 
 export const MASQ_MARK = '0x4000/0x4000';
@@ -108,15 +110,23 @@ export function renderNatTable(services: KubeService[], opts: { clusterCIDR: str
         `-A ${ext} -j ${svc}`,
       );
     }
+    if (s.affinitySeconds) {
+      // Affinity: a client seen recently goes back to the same endpoint.
+      for (const ep of s.endpoints) {
+        const sep = sepChain(s, ep);
+        rules.push(`-A ${svc} -m comment --comment "${name} -> ${ep.ip}:${ep.port}" -m recent --name ${sep} --mask 255.255.255.255 --rsource --rcheck --seconds ${s.affinitySeconds} --reap -j ${sep}`);
+      }
+    }
     s.endpoints.forEach((ep, i) => {
       const sep = sepChain(s, ep);
       chains.add(sep);
       const last = i === s.endpoints.length - 1;
       const stat = last ? '' : ` -m statistic --mode random --probability ${endpointProbability(i, s.endpoints.length)}`;
       rules.push(`-A ${svc} -m comment --comment "${name} -> ${ep.ip}:${ep.port}"${stat} -j ${sep}`);
+      const recent = s.affinitySeconds ? ` -m recent --set --name ${sep} --mask 255.255.255.255 --rsource` : '';
       rules.push(
         `-A ${sep} -s ${ep.ip}/32 -m comment --comment "${name}" -j KUBE-MARK-MASQ`,
-        `-A ${sep} -p ${p} -m comment --comment "${name}" -m ${p} -j DNAT --to-destination ${ep.ip}:${ep.port}`,
+        `-A ${sep} -p ${p} -m comment --comment "${name}"${recent} -m ${p} -j DNAT --to-destination ${ep.ip}:${ep.port}`,
       );
     });
   }

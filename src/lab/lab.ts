@@ -367,6 +367,38 @@ export class Lab {
     return [...this.pods, ...(this.remotePod ? [this.remotePod] : [])].find((p) => p.ip === ip);
   }
 
+  /**
+   * A pod disappears without its endpoint leaving the rules (a "ghost"
+   * endpoint): its server is stopped and its namespace, veth included, deleted.
+   */
+  async removePod(name: string): Promise<LabPod> {
+    const pod = this.pods.find((p) => p.name === name);
+    if (!pod) throw new SvctraceError('INTERNAL', `lab has no pod ${name}`);
+    const child = this.servers.get(name);
+    if (child?.pid && child.exitCode === null) {
+      child.removeAllListeners('exit');
+      process.kill(child.pid, 'SIGKILL');
+    }
+    this.servers.delete(name);
+    deleteNetnsSync(pod.netns);
+    const i = this.created.indexOf(pod.netns);
+    if (i >= 0) this.created.splice(i, 1);
+    return pod;
+  }
+
+  /** The pod receives but never answers: its replies are dropped inside it. */
+  async blockReplies(name: string): Promise<void> {
+    const pod = this.pods.find((p) => p.name === name);
+    if (!pod) throw new SvctraceError('INTERNAL', `lab has no pod ${name}`);
+    await runIn(pod.netns, ['iptables', '-A', 'OUTPUT', '-j', 'DROP']);
+  }
+
+  /** Re-renders the rules with sessionAffinity: ClientIP for a service. */
+  async setAffinity(service: string, seconds: number | undefined): Promise<void> {
+    this.service(service).affinitySeconds = seconds;
+    await this.loadRules({ masquerade: true });
+  }
+
   /** Loads the rules again with or without kube-proxy's MASQUERADE (for the NodePort client-IP experiment). */
   async setMasquerade(on: boolean): Promise<void> {
     // iptables-restore replaces the nat and filter tables whole.

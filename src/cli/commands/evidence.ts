@@ -52,7 +52,7 @@ export function registerEvidence(program: Command): void {
     .option('--snaplen <bytes>', `packet bytes to capture per event (0-${MAX_SNAPLEN})`, String(MAX_SNAPLEN))
     .option('--force', 'overwrite an existing file')
     .action(async (opts: SelectionOptions & { output: string; duration?: string; maxSize?: string; snaplen: string; force?: boolean }) => {
-      const services = servicesFrom(opts);
+      const services = await servicesFrom(opts);
       if (!services.length) throw new SvctraceError('BAD_INPUT', 'give at least one --service IP:port or --nodeport PORT');
       const durationS = parseDuration(opts.duration);
       let maxBytes: number | undefined;

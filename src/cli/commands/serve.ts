@@ -37,7 +37,7 @@ export function registerServe(program: Command): void {
     .option('--allow-origin <origin>', 'browser Origin allowed besides the server itself (repeatable)', collect, [])
     .option('--duration <seconds>', 'stop after this many seconds (default: until Ctrl-C)')
     .action(async (opts: ServeCliOptions) => {
-      const services = servicesFrom(opts);
+      const services = await servicesFrom(opts);
       const duration = parseDuration(opts.duration);
       const token = readToken(opts);
       if (!!opts.tlsCert !== !!opts.tlsKey) throw new SvctraceError('BAD_INPUT', 'give both --tls-cert and --tls-key');

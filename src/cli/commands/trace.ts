@@ -21,7 +21,7 @@ export function registerTrace(program: Command): void {
       const snaplen = Number(opts.snaplen);
       if (!Number.isInteger(snaplen) || snaplen < 0 || snaplen > MAX_SNAPLEN) throw new SvctraceError('BAD_INPUT', `--snaplen must be 0..${MAX_SNAPLEN}`);
       if (opts.output !== 'text' && opts.output !== 'json') throw new SvctraceError('BAD_INPUT', `--output must be text or json, not '${opts.output}'`);
-      const services = servicesFrom(opts);
+      const services = await servicesFrom(opts);
       const duration = parseDuration(opts.duration);
       const write = (s: string) => process.stdout.write(s);
       let printer: FlowTextPrinter | undefined;

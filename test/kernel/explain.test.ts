@@ -1,0 +1,151 @@
+/**
+ * explain and name resolution against kube-proxy-format rules loaded into
+ * the lab's kernel (iptables-nft and nftables modes), and each classic
+ * failure created in the lab: present when the fault is, absent when not.
+ */
+import { after, before, describe } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn, spawnSync } from 'node:child_process';
+import path from 'node:path';
+import { kernelTest, IS_ROOT, sleep } from '../helpers/kernel';
+import { waitFor } from '../helpers/flows';
+import { Lab } from '../../src/lab/lab';
+import { runIn } from '../../src/lab/exec';
+import { explain, Explanation } from '../../src/explain/explain';
+
+const CLI = path.resolve(__dirname, '..', '..', '..', 'bin', 'svctrace.js');
+
+function codes(e: Explanation[]): string[] {
+  return e.flatMap((x) => x.diagnoses.map((d) => d.code));
+}
+
+function cli(args: string[]): { status: number | null; stdout: string; stderr: string } {
+  const r = spawnSync(process.execPath, [CLI, ...args], { encoding: 'utf8', timeout: 60_000 });
+  return { status: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+
+for (const mode of ['iptables', 'nftables'] as const) {
+  describe(`explain and names, kube-proxy ${mode} mode (kernel)`, () => {
+    let lab: Lab;
+    before(async () => {
+      if (IS_ROOT) lab = await Lab.up({ proxyMode: mode });
+    });
+    after(async () => {
+      await lab?.down();
+    });
+
+    kernelTest('explain prints each backend\'s probability, route and neighbour; names resolve', async () => {
+      const r = cli(['explain', 'default/web', '--netns', lab.nodeNetns]);
+      assert.match(r.stdout, new RegExp(`default/web:http\\s+10\\.96\\.0\\.100:80/tcp\\s+\\(kube-proxy ${mode} mode`));
+      for (const pod of lab.pods) {
+        assert.match(r.stdout, new RegExp(`${pod.ip.replace(/\./g, '\\.')}:8080\\s+33\\.3%\\s+\\S+\\s+route: dev cni0 src 10\\.244\\.1\\.1`));
+      }
+      assert.match(r.stdout, /NodePorts: 30080 \(masqueraded/);
+      assert.match(r.stdout, /CLIENT_IP_HIDDEN/);
+      const byIp = cli(['explain', '10.96.0.100:80', '--netns', lab.nodeNetns, '-o', 'json']);
+      const j = JSON.parse(byIp.stdout) as Explanation[];
+      assert.equal(j[0]!.service!.endpoints.length, 3);
+      assert.equal(j[0]!.mode, mode);
+
+      // trace --service ns/name resolves through the rules; traffic through them is traced.
+      const t = spawn(process.execPath, [CLI, 'trace', '--netns', lab.nodeNetns, '--service', 'default/web', '-o', 'json', '--duration', '3'], { stdio: ['ignore', 'pipe', 'pipe'] });
+      let out = '';
+      let err = '';
+      t.stdout!.on('data', (d) => (out += d));
+      t.stderr!.on('data', (d) => (err += d));
+      assert.ok(await waitFor(() => err.includes('Ctrl-C to stop'), 10_000), err);
+      assert.match(err, /tracing default\/web:http \(10\.96\.0\.100:80\/tcp\)/);
+      assert.ok((await lab.curl('http://10.96.0.100/')).ok);
+      assert.equal(await new Promise((res) => t.once('exit', res)), 0, err);
+      assert.match(out, /"stage":"STAGE_DNAT"/);
+      const bad = cli(['trace', '--netns', lab.nodeNetns, '--service', 'default/nope', '--duration', '1']);
+      assert.equal(bad.status, 2);
+      assert.match(bad.stderr, /no Service 'default\/nope'/);
+    });
+
+    kernelTest('no endpoints and missing rules are diagnosed; a healthy service is not', async () => {
+      assert.ok(!codes(await explain({ target: 'default/web', netns: lab.nodeNetns })).some((c) => c === 'NO_ENDPOINTS' || c === 'RULES_MISSING' || c === 'GHOST_BACKEND'));
+      assert.ok(codes(await explain({ target: 'default/empty', netns: lab.nodeNetns })).includes('NO_ENDPOINTS'));
+      const missing = await explain({ target: '10.96.0.123:80', netns: lab.nodeNetns });
+      assert.deepEqual(codes(missing), ['RULES_MISSING']);
+      assert.equal(cli(['explain', '10.96.0.123:80', '--netns', lab.nodeNetns]).status, 1);
+    });
+  });
+}
+
+describe('diagnoses of faults created in the lab (kernel)', () => {
+  let lab: Lab;
+  before(async () => {
+    if (IS_ROOT) lab = await Lab.up();
+  });
+  after(async () => {
+    await lab?.down();
+  });
+
+  kernelTest('backend not listening (RST), connection reuse, and skew — with --watch', async () => {
+    const watchClosed = explain({ target: 'default/closed', netns: lab.nodeNetns, watchSeconds: 2 });
+    await sleep(700);
+    for (let i = 0; i < 3; i++) await lab.curl('http://10.96.0.160/');
+    assert.ok(codes(await watchClosed).includes('BACKEND_NOT_LISTENING'));
+
+    // Keep-alive: many requests over one connection all land on one pod.
+    const watchReuse = explain({ target: 'default/web', netns: lab.nodeNetns, watchSeconds: 2.5 });
+    await sleep(700);
+    const urls = Array.from({ length: 30 }, () => 'http://10.96.0.100/');
+    await runIn(lab.nodeNetns, ['curl', '-s', '-o', '/dev/null', '--max-time', '10', ...urls]);
+    const reuse = await watchReuse;
+    assert.ok(codes(reuse).includes('CONNECTION_REUSE'), JSON.stringify(reuse[0]!.diagnoses));
+    assert.equal(reuse[0]!.observed!.flows, 1);
+
+    // Short connections spread out: no reuse diagnosis.
+    const watchShort = explain({ target: 'default/web', netns: lab.nodeNetns, watchSeconds: 2.5 });
+    await sleep(700);
+    for (let i = 0; i < 12; i++) await lab.curl('http://10.96.0.100/');
+    const short = await watchShort;
+    assert.ok(!codes(short).includes('CONNECTION_REUSE'));
+    assert.ok(!codes(short).includes('BACKEND_NOT_LISTENING'));
+    assert.equal(short[0]!.observed!.flows, 12);
+  });
+
+  kernelTest('session affinity: present when the rules pin clients, absent otherwise', async () => {
+    assert.ok(!codes(await explain({ target: 'default/web', netns: lab.nodeNetns })).includes('SESSION_AFFINITY'));
+    await lab.setAffinity('web', 10800);
+    const e = await explain({ target: 'default/web', netns: lab.nodeNetns });
+    assert.ok(codes(e).includes('SESSION_AFFINITY'));
+    assert.equal(e[0]!.service!.affinitySeconds, 10800);
+    // And it works in the kernel: every new connection from the node goes to the same pod.
+    const served = lab.served.length;
+    for (let i = 0; i < 6; i++) assert.ok((await lab.curl('http://10.96.0.100/')).ok);
+    assert.equal(new Set(lab.served.slice(served).map((s) => s.pod)).size, 1);
+    await lab.setAffinity('web', undefined);
+  });
+
+  kernelTest('masquerade rule missing / client IP hidden', async () => {
+    assert.ok(codes(await explain({ target: 'default/web', netns: lab.nodeNetns })).includes('CLIENT_IP_HIDDEN'));
+    assert.ok(!codes(await explain({ target: 'default/web', netns: lab.nodeNetns })).includes('MASQUERADE_RULE_MISSING'));
+    await lab.setMasquerade(false);
+    assert.ok(codes(await explain({ target: 'default/web', netns: lab.nodeNetns })).includes('MASQUERADE_RULE_MISSING'));
+    await lab.setMasquerade(true);
+  });
+
+  kernelTest('reply path broken: a pod that receives but never answers', async () => {
+    await lab.blockReplies('pod1');
+    const w = explain({ target: 'default/web', netns: lab.nodeNetns, watchSeconds: 4 });
+    await sleep(700);
+    await Promise.all(Array.from({ length: 9 }, () => lab.curl('http://10.96.0.100/', 'node', ['--max-time', '1'])));
+    const e = await w;
+    const broken = e[0]!.diagnoses.find((d) => d.code === 'REPLY_PATH_BROKEN');
+    assert.ok(broken, JSON.stringify(e[0]!.diagnoses));
+    assert.match(broken.summary, /10\.244\.1\.11:8080/);
+  });
+
+  kernelTest('ghost backend: the pod is gone but its endpoint stays in the rules', async () => {
+    const healthy = await explain({ target: 'default/web', netns: lab.nodeNetns, probe: true });
+    assert.ok(!codes(healthy).includes('GHOST_BACKEND') || healthy[0]!.diagnoses.every((d) => d.code !== 'GHOST_BACKEND' || /10\.244\.1\.11/.test(d.summary)));
+    const gone = await lab.removePod('pod2');
+    const e = await explain({ target: 'default/web', netns: lab.nodeNetns, probe: true });
+    const ghost = e[0]!.diagnoses.filter((d) => d.code === 'GHOST_BACKEND');
+    assert.ok(ghost.some((d) => d.summary.includes(`${gone.ip}:8080`)), JSON.stringify(e[0]!.diagnoses));
+    assert.ok(!ghost.some((d) => d.summary.includes('10.244.1.10:8080')), 'a healthy pod is not a ghost');
+  });
+});
