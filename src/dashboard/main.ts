@@ -132,15 +132,24 @@ function renderDistribution(): void {
   }
   const dist = store.distribution.get(chartService);
   if (!dist) return;
+  // Backends the rules name but that got nothing yet are shown too: that is the complaint.
+  for (const b of store.ruleBackends(chartService)) if (!dist.has(b)) dist.set(b, { flows: 0, bytes: 0, perSecond: new Map() });
   const backends = [...dist.keys()].sort();
   const total = backends.reduce((n, b) => n + dist.get(b)!.flows, 0);
+  const affinity = store.affinity(chartService);
+  $('dist-note').textContent = affinity
+    ? `sessionAffinity: ClientIP (${affinity} s): each client sticks to one backend`
+    : store.hello?.rules?.length
+      ? 'expected: the probability kube-proxy\'s rules give each backend; open: long-lived connections still pinned to it'
+      : '';
   $('dist-table').innerHTML =
     backends
       .map((b) => {
         const s = dist.get(b)!;
-        return `<tr data-testid="dist-row" data-backend="${esc(b)}"><td>${esc(b)}</td><td data-testid="dist-count">${s.flows}</td><td>${total ? ((100 * s.flows) / total).toFixed(1) : 0}%</td><td>${s.bytes}</td></tr>`;
+        const exp = store.expected(chartService, b);
+        return `<tr data-testid="dist-row" data-backend="${esc(b)}"><td>${esc(b)}</td><td data-testid="dist-count">${s.flows}</td><td>${total ? ((100 * s.flows) / total).toFixed(1) : 0}%</td><td data-testid="dist-expected">${exp === undefined ? '—' : `${(100 * exp).toFixed(1)}%`}</td><td>${store.openFlows(chartService, b)}</td><td>${s.bytes}</td></tr>`;
       })
-      .join('') + `<tr class="total"><td>total</td><td data-testid="dist-total">${total}</td><td></td><td></td></tr>`;
+      .join('') + `<tr class="total"><td>total</td><td data-testid="dist-total">${total}</td><td></td><td></td><td></td><td></td></tr>`;
   // Time series: new flows per second per backend over the last 5 minutes.
   const now = Math.floor(Date.now() / 1000);
   const xs: number[] = [];

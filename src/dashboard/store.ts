@@ -163,6 +163,30 @@ export class Store {
     this.dirty = true;
   }
 
+  /** The rules' probability for a backend of a service, when the server found the rules. */
+  expected(service: string, backend: string): number | undefined {
+    const r = this.hello?.rules?.find((x) => x.service === service);
+    return r?.backends?.find((b) => b.address === backend)?.probability ?? undefined;
+  }
+
+  /** Backends the rules list for a service (some may have seen no flow yet). */
+  ruleBackends(service: string): string[] {
+    return (this.hello?.rules?.find((x) => x.service === service)?.backends ?? []).map((b) => b.address ?? '').filter(Boolean);
+  }
+
+  affinity(service: string): number {
+    return this.hello?.rules?.find((x) => x.service === service)?.affinitySeconds ?? 0;
+  }
+
+  /** Flows of a service to a backend that are still open (long-lived connections). */
+  openFlows(service: string, backend: string): number {
+    let n = 0;
+    for (const f of this.flows.values()) {
+      if (f.service === service && f.backend === backend && !f.closed && f.state !== 'TIME_WAIT' && f.state !== 'CLOSE') n++;
+    }
+    return n;
+  }
+
   /** Total new flows per backend for a service (what the chart's legend shows). */
   totals(service: string): Array<[string, number]> {
     return [...(this.distribution.get(service)?.entries() ?? [])].map(([b, s]) => [b, s.flows]);

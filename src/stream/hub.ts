@@ -25,6 +25,8 @@ export interface HubSource {
   dropsByReason(): Record<string, number>;
   /** Flows changed since the last call. */
   takeChangedFlows?(): pb.IFlow[];
+  /** What the kube-proxy rules say about the traced services (sent in Hello). */
+  rules?: pb.IServiceRules[];
 }
 
 export class Hub {
@@ -66,7 +68,7 @@ export class Hub {
     }
     const c = new ClientConn(this.nextId++, ws, remote, this.limits, (x) => this.clients.delete(x));
     this.clients.add(c);
-    c.sendControl(serverFrame({ hello: { serverVersion: VERSION, services: this.source.services, node: os.hostname(), replay: !!this.source.replay, instance: this.instance } }));
+    c.sendControl(serverFrame({ hello: { serverVersion: VERSION, services: this.source.services, node: os.hostname(), replay: !!this.source.replay, instance: this.instance, rules: this.source.rules ?? [] } }));
     c.sendControl(serverFrame({ status: this.statusFor(c) }));
     return c;
   }

@@ -94,6 +94,9 @@ describe('dashboard in Chromium (kernel)', () => {
       const got = dist.find((d) => d[0] === `${pod.ip}:8080`)?.[1] ?? 0;
       assert.equal(got, want, `distribution for ${pod.name}`);
     }
+    // Next to it, what the kube-proxy rules give each backend: 1/3.
+    const expected = await page.$$eval('[data-testid=dist-expected]', (tds) => tds.map((td) => td.textContent));
+    assert.ok(expected.length > 0 && expected.every((x) => x === '33.3%'), JSON.stringify(expected));
 
     // The path of one flow: DNAT from the ClusterIP to its pod, and the veth hop into it.
     const first = served[0]!;

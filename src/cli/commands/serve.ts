@@ -7,6 +7,12 @@ import { waitForStop } from '../../tracer/session';
 import { DEFAULT_LISTEN, StreamServer } from '../../stream/server';
 import { dashboardHandler } from '../../stream/static';
 import { formatSummary } from '../../output/flow-text';
+import { discover } from '../../discovery/discover';
+import { findByAddress } from '../../discovery/model';
+import { resolveNetns } from '../../tracer/netns';
+import { ServiceSpec } from '../../net/ipv4';
+import { serviceLabel } from '../../flows/flow-table';
+import type { svctrace } from '../../gen/svctrace';
 import { addSelectionOptions, collect, parseDuration, readToken, SelectionOptions, servicesFrom } from '../options';
 
 interface ServeCliOptions extends SelectionOptions {
@@ -25,6 +31,25 @@ function readFileOpt(path: string, what: string): Buffer {
   } catch (e) {
     throw new SvctraceError('BAD_INPUT', `cannot read ${what} ${path}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
   }
+}
+
+/** The rules' view of the traced services, for the dashboard's expected distribution; empty when none are found. */
+async function rulesFor(services: ServiceSpec[], netns: string | undefined): Promise<svctrace.v1.IServiceRules[]> {
+  const d = await discover(netns ? resolveNetns(netns) : CURRENT_NETNS);
+  const out: svctrace.v1.IServiceRules[] = [];
+  for (const spec of services) {
+    if (!spec.address) continue;
+    const s = findByAddress(d, spec.address, spec.port, spec.proto);
+    if (!s) continue;
+    out.push({
+      service: serviceLabel(spec),
+      name: s.name,
+      backends: s.endpoints.map((e) => ({ address: `${e.ip}:${e.port}`, probability: e.probability })),
+      affinitySeconds: s.affinitySeconds ?? 0,
+      mode: s.source,
+    });
+  }
+  return out;
 }
 
 export function registerServe(program: Command): void {
@@ -49,8 +74,10 @@ export function registerServe(program: Command): void {
         allPackets: !!opts.allPackets,
         onIngested: (items) => server?.publish(items.map((i) => i.event)),
       });
+      const source = tracer.hubSource();
+      source.rules = await rulesFor(services, opts.netns[0]);
       try {
-        server = await StreamServer.start(tracer.hubSource(), { listen: opts.listen, token, tls, allowOrigins: opts.allowOrigin, staticHandler: dashboardHandler() });
+        server = await StreamServer.start(source, { listen: opts.listen, token, tls, allowOrigins: opts.allowOrigin, staticHandler: dashboardHandler() });
       } catch (e) {
         await tracer.stop();
         throw e;
