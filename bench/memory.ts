@@ -5,6 +5,7 @@
  * never reads. The RSS must plateau; losses are counted, never a crash.
  */
 import { spawn } from 'node:child_process';
+import fs from 'node:fs';
 import path from 'node:path';
 import WebSocket from 'ws';
 import { Lab } from '../src/lab/lab';
@@ -18,7 +19,9 @@ export async function benchMemory(opts: { quick: boolean }): Promise<object> {
   const seconds = opts.quick ? 15 : 60;
   const lab = await Lab.up();
   await runIn(lab.clientNetns, ['sysctl', '-qw', 'net.ipv4.tcp_tw_reuse=1', 'net.ipv4.ip_local_port_range=1024 65000']);
-  const serve = spawn(process.execPath, [CLI, 'serve', '--netns', lab.nodeNetns, '--service', '10.96.0.100:80', '--listen', '127.0.0.1:0'], { stdio: ['ignore', 'ignore', 'pipe'] });
+  // Run it the way the installed command runs: with the flags of its #! line.
+  const shebangFlags = (/^#!.*\bnode\b(.*)$/m.exec(fs.readFileSync(CLI, 'utf8').split('\n')[0]!)?.[1] ?? '').trim().split(/\s+/).filter(Boolean);
+  const serve = spawn(process.execPath, [...shebangFlags, CLI, 'serve', '--netns', lab.nodeNetns, '--service', '10.96.0.100:80', '--listen', '127.0.0.1:0'], { stdio: ['ignore', 'ignore', 'pipe'] });
   let err = '';
   serve.stderr!.on('data', (d) => (err += d));
   try {

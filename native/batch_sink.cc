@@ -10,9 +10,11 @@ namespace {
 constexpr size_t kFlushBytes = 256 * 1024;
 constexpr auto kFlushAfter = std::chrono::milliseconds(5);
 // Batches queued towards JS before the producer keeps accumulating instead.
-constexpr size_t kMaxQueuedBatches = 16;
+// Bytes in flight towards JS are at most about kMaxQueuedBatches x
+// kMaxPendingBytes: memory stays bounded when JS falls behind.
+constexpr size_t kMaxQueuedBatches = 8;
 // When JS is that far behind, a pending batch above this is dropped (counted).
-constexpr size_t kMaxPendingBytes = 32 * 1024 * 1024;
+constexpr size_t kMaxPendingBytes = 1024 * 1024;
 }  // namespace
 
 BatchSink::BatchSink(Napi::Env env, Napi::Function on_batch, const char* name) {

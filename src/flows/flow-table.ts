@@ -77,7 +77,7 @@ export interface FlowTableOptions {
   closeGraceMs?: number;
   /** Flows with no event for this long are expired (default 10 min). */
   idleMs?: number;
-  /** At most this many flows are kept; the oldest go first (default 50k). */
+  /** At most this many flows are kept; the oldest go first (default 20k). */
   maxFlows?: number;
   /** Milestones kept per flow (default 64); counters keep counting. */
   maxTimeline?: number;
@@ -117,7 +117,7 @@ export class FlowTable {
       netnsName: opts.netnsName,
       closeGraceMs: opts.closeGraceMs ?? 5000,
       idleMs: opts.idleMs ?? 600_000,
-      maxFlows: opts.maxFlows ?? 50_000,
+      maxFlows: opts.maxFlows ?? 20_000,
       maxTimeline: opts.maxTimeline ?? 64,
     };
     this.dropReasons = opts.dropReasons ?? {};
