@@ -28,6 +28,8 @@ export interface TimelineEntry {
   summary: string;
   /** First occurrence of this milestone in the flow (what text output prints). */
   milestone: boolean;
+  /** Conntrack's TCP state moved with this packet. */
+  stateChange?: boolean;
 }
 
 export interface Flow {
@@ -224,9 +226,19 @@ export class FlowTable {
     const f = this.flowFor(e);
     if (!f) return undefined;
     if (e.tsNs > f.lastTsNs) f.lastTsNs = e.tsNs;
+    const prevTcpState = f.tcpState;
     if (e.kind === EventKind.NF) this.updateConntrack(f, e);
-    const { stage, summary, milestone } = this.classify(f, e);
-    const entry: TimelineEntry = { tsNs: e.tsNs, stage, summary, milestone };
+    const c = this.classify(f, e);
+    let { summary, milestone } = c;
+    let stateChange = false;
+    const stage = c.stage;
+    // Conntrack's TCP state machine moving is a transition worth a line.
+    if (e.kind === EventKind.NF && e.ctOrig.proto === 6 && f.tcpState !== prevTcpState && prevTcpState !== 0) {
+      summary += ` (conntrack TCP ${TCP_CT_STATES[prevTcpState] ?? prevTcpState} -> ${TCP_CT_STATES[f.tcpState] ?? f.tcpState})`;
+      milestone = true;
+      stateChange = true;
+    }
+    const entry: TimelineEntry = { tsNs: e.tsNs, stage, summary, milestone, stateChange };
     // The timeline keeps milestones only (what a person reads); every event
     // still goes out through the returned Ingested. Bounded per flow.
     if (milestone && f.timeline.length < this.opts.maxTimeline) {

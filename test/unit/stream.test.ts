@@ -6,6 +6,11 @@ import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import http from 'node:http';
 import crypto from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { execFileSync } from 'node:child_process';
+import WebSocket from 'ws';
 import { StreamServer } from '../../src/stream/server';
 import { eventsFrame, encodeEvents } from '../../src/stream/frames';
 import { SvctraceError } from '../../src/errors';
@@ -196,5 +201,28 @@ describe('stream server with a token', () => {
   it('listening beyond loopback without a token is refused before binding', async () => {
     await assert.rejects(StreamServer.start(syntheticSource(), { listen: '0.0.0.0:0' }), (e: unknown) => e instanceof SvctraceError && /needs --token/.test(e.message));
     await assert.rejects(StreamServer.start(syntheticSource(), { listen: 'nonsense' }), /HOST:PORT/);
+  });
+});
+
+describe('stream server over TLS', () => {
+  it('serves wss:// with --tls-cert/--tls-key and the client connects', async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'svt-tls-'));
+    const key = path.join(dir, 'key.pem');
+    const cert = path.join(dir, 'cert.pem');
+    execFileSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', key, '-out', cert, '-days', '1', '-subj', '/CN=localhost', '-addext', 'subjectAltName=IP:127.0.0.1'], { stdio: 'ignore' });
+    const server = await StreamServer.start(syntheticSource(), { listen: '127.0.0.1:0', tls: { cert: fs.readFileSync(cert), key: fs.readFileSync(key) } });
+    try {
+      assert.match(server.url(), /^wss:\/\//);
+      const ws = new WebSocket(server.url(), ['svctrace.v1'], { ca: fs.readFileSync(cert) });
+      const hello = await new Promise<pb.ServerMessage>((resolve, reject) => {
+        ws.once('message', (d) => resolve(pb.ServerMessage.decode(d as Buffer)));
+        ws.once('error', reject);
+      });
+      assert.equal(hello.body, 'hello');
+      ws.close();
+    } finally {
+      await server.close();
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
