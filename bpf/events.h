@@ -35,6 +35,7 @@ enum svt_event_kind {
 	SVT_EV_DROP = 4,       /* kfree_skb: the kernel dropped it, with a reason */
 	SVT_EV_FIB = 5,        /* fib_table_lookup: the routing decision for it */
 	SVT_EV_CT_DESTROY = 6, /* conntrack netlink DESTROY (written by the addon) */
+	SVT_EV_NFTRACE = 7,    /* an nftables trace message: struct svt_nftrace (written by the addon) */
 };
 
 /*
@@ -130,6 +131,29 @@ struct svt_flow_ref {
 	__u8 _pad[3];
 };
 SVT_STATIC_ASSERT(sizeof(struct svt_flow_ref) == 16, "svt_flow_ref ABI changed");
+
+/*
+ * One nftables trace message (NFT_MSG_TRACE, read by the addon from the
+ * NFNLGRP_NFTRACE group) for a packet svctrace marked with nftrace: the rule
+ * or chain end the packet met. Delivered on its own callback, not the ring.
+ */
+#define SVT_NFT_NAME_LEN 64
+struct svt_nftrace {
+	__u16 kind;              /* SVT_EV_NFTRACE */
+	__u16 size;              /* sizeof(struct svt_nftrace) */
+	__u32 trace_id;          /* the same for every message about one packet */
+	__u64 ts_ns;             /* CLOCK_MONOTONIC when the addon read it */
+	struct svt_tuple pkt;    /* the packet's header (from the first message of its trace) */
+	__u64 rule_handle;
+	__u32 type;              /* enum nft_trace_types: 1 policy, 2 return, 3 rule */
+	__s32 verdict;           /* NF_ACCEPT (1), NF_DROP (0), NFT_JUMP (-3), NFT_GOTO (-4), ... */
+	__u32 netns_ino;
+	__u32 _pad;
+	char table[32];
+	char chain[SVT_NFT_NAME_LEN];
+	char target[SVT_NFT_NAME_LEN]; /* jump/goto target chain */
+};
+SVT_STATIC_ASSERT(sizeof(struct svt_nftrace) == 216, "svt_nftrace ABI changed");
 
 /* Key of the svt_services map: a traced ClusterIP/NodePort. */
 struct svt_service_key {

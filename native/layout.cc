@@ -72,6 +72,21 @@ Napi::Value Layout(const Napi::CallbackInfo& info) {
   SVT_FIELD(ev, svt_event, cap_len);
   out.Set("svt_event", StructLayout(env, sizeof(svt_event), ev));
 
+  Napi::Object nt = Napi::Object::New(env);
+  SVT_FIELD(nt, svt_nftrace, kind);
+  SVT_FIELD(nt, svt_nftrace, size);
+  SVT_FIELD(nt, svt_nftrace, trace_id);
+  SVT_FIELD(nt, svt_nftrace, ts_ns);
+  SVT_FIELD(nt, svt_nftrace, pkt);
+  SVT_FIELD(nt, svt_nftrace, rule_handle);
+  SVT_FIELD(nt, svt_nftrace, type);
+  SVT_FIELD(nt, svt_nftrace, verdict);
+  SVT_FIELD(nt, svt_nftrace, netns_ino);
+  SVT_FIELD(nt, svt_nftrace, table);
+  SVT_FIELD(nt, svt_nftrace, chain);
+  SVT_FIELD(nt, svt_nftrace, target);
+  out.Set("svt_nftrace", StructLayout(env, sizeof(svt_nftrace), nt));
+
   Napi::Object kinds = Napi::Object::New(env);
   kinds.Set("NF", Napi::Number::New(env, SVT_EV_NF));
   kinds.Set("DEV_XMIT", Napi::Number::New(env, SVT_EV_DEV_XMIT));
@@ -79,6 +94,7 @@ Napi::Value Layout(const Napi::CallbackInfo& info) {
   kinds.Set("DROP", Napi::Number::New(env, SVT_EV_DROP));
   kinds.Set("FIB", Napi::Number::New(env, SVT_EV_FIB));
   kinds.Set("CT_DESTROY", Napi::Number::New(env, SVT_EV_CT_DESTROY));
+  kinds.Set("NFTRACE", Napi::Number::New(env, SVT_EV_NFTRACE));
   out.Set("kinds", kinds);
 
   Napi::Object consts = Napi::Object::New(env);

@@ -55,6 +55,7 @@ Napi::Function Tracer::Init(Napi::Env env) {
                          InstanceMethod("stats", &Tracer::Stats),
                          InstanceMethod("close", &Tracer::Close),
                          InstanceMethod("benchEmit", &Tracer::BenchEmit),
+                         InstanceMethod("traceRules", &Tracer::TraceRules),
                      });
 }
 
@@ -100,6 +101,8 @@ void Tracer::Destroy() {
   reader_.reset();
   for (auto& l : ct_listeners_) l->Stop();
   ct_listeners_.clear();
+  for (auto& l : nft_listeners_) l->Stop();
+  nft_listeners_.clear();
   on_batch_.Reset();
   // Detach first: the kernel stops running the programs before they go.
   for (bpf_link* l : links_) bpf_link__destroy(l);
@@ -214,7 +217,7 @@ Napi::Value Tracer::AttachNetfilter(const Napi::CallbackInfo& info) {
     ThrowErrno(env, r.op, r.err, r.detail);
   }
   links_.insert(links_.end(), attached.begin(), attached.end());
-  if (!on_batch_.IsEmpty()) listener->Start(env, on_batch_.Value());
+  if (!on_batch_.IsEmpty()) listener->Start(env, on_batch_.Value(), "svctrace-ct-listener");
   ct_listeners_.push_back(std::move(listener));
   Napi::Object out = Napi::Object::New(env);
   out.Set("netnsIno", Napi::Number::New(env, (double)NetnsInode(path)));
@@ -231,7 +234,7 @@ Napi::Value Tracer::Start(const Napi::CallbackInfo& info) {
   on_batch_ = Napi::Persistent(fn);
   reader_ = std::make_unique<RingReader>(env, bpf_map__fd(skel_->maps.svt_events), fn);
   reader_->Start();
-  for (auto& l : ct_listeners_) l->Start(env, fn);
+  for (auto& l : ct_listeners_) l->Start(env, fn, "svctrace-ct-listener");
   return env.Undefined();
 }
 
@@ -265,6 +268,9 @@ Napi::Value Tracer::Stats(const Napi::CallbackInfo& info) {
   }
   out.Set("activeFlows", Napi::Number::New(env, (double)skel_->bss->svt_active_flows));
   out.Set("ctDestroyEvents", Napi::Number::New(env, (double)ct_events));
+  uint64_t nft_events = 0;
+  for (auto& l : nft_listeners_) nft_events += l->events();
+  out.Set("ruleTraceEvents", Napi::Number::New(env, (double)nft_events));
   out.Set("ctOverruns", Napi::Number::New(env, (double)ct_overruns));
   return out;
 }
@@ -282,6 +288,20 @@ Napi::Value Tracer::BenchEmit(const Napi::CallbackInfo& info) {
   LIBBPF_OPTS(bpf_test_run_opts, opts);
   int err = bpf_prog_test_run_opts(bpf_program__fd(skel_->progs.svt_bench_emit), &opts);
   if (err) ThrowErrno(env, "bpf_prog_test_run_opts", errno);
+  return env.Undefined();
+}
+
+// traceRules(netnsPath, onBatch): reads nftables trace messages in that
+// namespace and hands batches of struct svt_nftrace to onBatch(buffer, count).
+// Marking packets for tracing (meta nftrace set 1) is the caller's job.
+Napi::Value Tracer::TraceRules(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireLoaded(env, "traceRules");
+  if (!info[0].IsString() || !info[1].IsFunction()) throw Napi::TypeError::New(env, "traceRules(netnsPath, onBatch)");
+  std::string path = info[0].As<Napi::String>();
+  auto l = std::make_unique<NftTraceListener>(env, path, NetnsInode(path));
+  l->Start(env, info[1].As<Napi::Function>(), "svctrace-nftrace");
+  nft_listeners_.push_back(std::move(l));
   return env.Undefined();
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ct_listener.h"
+#include "nftrace_listener.h"
 #include "ring_reader.h"
 #include "service_set.h"
 
@@ -33,6 +34,7 @@ class Tracer : public Napi::ObjectWrap<Tracer> {
   Napi::Value Stats(const Napi::CallbackInfo& info);
   Napi::Value Close(const Napi::CallbackInfo& info);
   Napi::Value BenchEmit(const Napi::CallbackInfo& info);
+  Napi::Value TraceRules(const Napi::CallbackInfo& info);
 
   void RequireLoaded(Napi::Env env, const char* method);
   void Destroy();
@@ -46,6 +48,7 @@ class Tracer : public Napi::ObjectWrap<Tracer> {
   std::unique_ptr<RingReader> reader_;
   std::shared_ptr<ServiceSet> services_ = std::make_shared<ServiceSet>();
   std::vector<std::unique_ptr<CtListener>> ct_listeners_;
+  std::vector<std::unique_ptr<NftTraceListener>> nft_listeners_;
   Napi::FunctionReference on_batch_;
 };
 

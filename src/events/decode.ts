@@ -4,7 +4,7 @@
  * the record; everything else is little-endian host order.
  */
 import os from 'node:os';
-import { EVENT, EVENT_CAP_SIZE, TUPLE } from './layout';
+import { EVENT, EVENT_CAP_SIZE, NFTRACE, TUPLE } from './layout';
 
 if (os.endianness() !== 'LE') {
   // The ABI is host order; the decoder reads little-endian. Say so loudly.
@@ -171,6 +171,46 @@ export function decodeBatch(buf: Uint8Array): KernelEvent[] {
     const e = decodeAt(dv, buf, o);
     out.push(e);
     o += dv.getUint16(o + F.size[0], true);
+  }
+  return out;
+}
+
+/** One nftables trace message (struct svt_nftrace). */
+export interface RuleTrace {
+  traceId: number;
+  tsNs: bigint;
+  pkt: Tuple;
+  ruleHandle: bigint;
+  /** 1 policy, 2 return, 3 rule (enum nft_trace_types). */
+  type: number;
+  /** NF_ACCEPT 1, NF_DROP 0, NFT_JUMP -3, NFT_GOTO -4, NFT_RETURN -5, NFT_CONTINUE -1. */
+  verdict: number;
+  netnsIno: number;
+  table: string;
+  chain: string;
+  target: string;
+}
+
+const N = NFTRACE.fields;
+
+/** Decodes a batch of svt_nftrace records. */
+export function decodeRuleTraces(buf: Uint8Array): RuleTrace[] {
+  if (buf.byteLength % NFTRACE.size !== 0) throw new DecodeError(`rule trace batch of ${buf.byteLength} bytes is not a multiple of ${NFTRACE.size}`);
+  const dv = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
+  const out: RuleTrace[] = [];
+  for (let o = 0; o < buf.byteLength; o += NFTRACE.size) {
+    out.push({
+      traceId: dv.getUint32(o + N.trace_id[0], true),
+      tsNs: dv.getBigUint64(o + N.ts_ns[0], true),
+      pkt: readTuple(dv, buf, o + N.pkt[0]),
+      ruleHandle: dv.getBigUint64(o + N.rule_handle[0], true),
+      type: dv.getUint32(o + N.type[0], true),
+      verdict: dv.getInt32(o + N.verdict[0], true),
+      netnsIno: dv.getUint32(o + N.netns_ino[0], true),
+      table: cString(buf, o + N.table[0], N.table[1]),
+      chain: cString(buf, o + N.chain[0], N.chain[1]),
+      target: cString(buf, o + N.target[0], N.target[1]),
+    });
   }
   return out;
 }

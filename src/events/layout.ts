@@ -46,12 +46,31 @@ export const EVENT = {
   },
 } as const;
 
+/** struct svt_nftrace: one nftables trace message (bpf/events.h). */
+export const NFTRACE = {
+  size: 216,
+  fields: {
+    kind: [0, 2],
+    size: [2, 2],
+    trace_id: [4, 4],
+    ts_ns: [8, 8],
+    pkt: [16, 16],
+    rule_handle: [32, 8],
+    type: [40, 4],
+    verdict: [44, 4],
+    netns_ino: [48, 4],
+    table: [56, 32],
+    chain: [88, 64],
+    target: [152, 64],
+  },
+} as const;
+
 /** Most packet bytes a record carries (SVT_MAX_SNAPLEN); with capture on every record is EVENT_CAP_SIZE long. */
 export const MAX_SNAPLEN = 128;
 export const EVENT_CAP_SIZE = EVENT.size + MAX_SNAPLEN;
 
 /** enum svt_event_kind */
-export const EventKind = { NF: 1, DEV_XMIT: 2, DEV_RECV: 3, DROP: 4, FIB: 5, CT_DESTROY: 6 } as const;
+export const EventKind = { NF: 1, DEV_XMIT: 2, DEV_RECV: 3, DROP: 4, FIB: 5, CT_DESTROY: 6, NFTRACE: 7 } as const;
 export type EventKindValue = (typeof EventKind)[keyof typeof EventKind];
 
 /** enum svt_nf_stage */

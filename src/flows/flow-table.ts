@@ -10,7 +10,7 @@
  */
 import Long from 'long';
 import { svctrace } from '../gen/svctrace';
-import { KernelEvent, Tuple } from '../events/decode';
+import { KernelEvent, RuleTrace, Tuple } from '../events/decode';
 import { Dir, EventKind, NfStage } from '../events/layout';
 import { ctStatusNames, IPS_CONFIRMED, IPS_DST_NAT, IPS_SRC_NAT, NF_HOOK_NAMES, PROTO_NAMES, TCP_CT_STATES } from '../events/conntrack';
 import { ServiceSpec } from '../net/ipv4';
@@ -30,6 +30,8 @@ export interface TimelineEntry {
   milestone: boolean;
   /** Conntrack's TCP state moved with this packet. */
   stateChange?: boolean;
+  /** Overrides the stage's label in text output. */
+  label?: string;
 }
 
 export interface Flow {
@@ -60,6 +62,8 @@ export interface Flow {
   drops: string[];
   reset: boolean;
   icmpErrors: string[];
+  /** The kube-proxy chains the first packet went through (nftables trace), when observed. */
+  rulePath: string[];
   timeline: TimelineEntry[];
   /** Milestones already reported, e.g. 'dnat', 'dev:0:veth2:123'. */
   seen: Set<string>;
@@ -153,9 +157,13 @@ export class FlowTable {
     for (const e of sorted) {
       const r = this.ingestOne(e);
       if (r) out.push(r);
+      // A rule trace that was waiting for this flow goes right after its first event.
+      if (this.deferred.length) out.push(...this.deferred.splice(0));
     }
     return out;
   }
+
+  private readonly deferred: Ingested[] = [];
 
   private newFlow(key: string, e: KernelEvent, orig: Tuple): Flow {
     if (this.byKey.size >= this.opts.maxFlows) this.evictOldest();
@@ -183,6 +191,7 @@ export class FlowTable {
       drops: [],
       reset: false,
       icmpErrors: [],
+      rulePath: [],
       timeline: [],
       seen: new Set(),
     };
@@ -190,6 +199,77 @@ export class FlowTable {
     this.byTuple.set(tupleIndexKey, f);
     this.summaryCounters.flows++;
     return f;
+  }
+
+  /** Rule traces that arrived before their flow's first kernel event, by tuple index key. */
+  private readonly pendingTraces = new Map<string, { at: number; traces: RuleTrace[] }>();
+
+  /**
+   * Ingests nftables trace messages: the rule path of each traced packet
+   * becomes one RULE_TRACE event of its flow (the first packet's only).
+   */
+  ingestRuleTraces(traces: RuleTrace[], nowMs = Date.now()): Ingested[] {
+    for (const [k, v] of this.pendingTraces) if (nowMs - v.at > 5000) this.pendingTraces.delete(k);
+    const byTrace = new Map<number, RuleTrace[]>();
+    for (const t of traces) byTrace.set(t.traceId, [...(byTrace.get(t.traceId) ?? []), t]);
+    const out: Ingested[] = [];
+    for (const group of byTrace.values()) {
+      const first = group[0]!;
+      if (!first.pkt.proto) continue;
+      const key = `${first.netnsIno}|${tupleKey(first.pkt)}`;
+      const f = this.byTuple.get(key);
+      if (!f) {
+        const p = this.pendingTraces.get(key) ?? { at: nowMs, traces: [] };
+        p.traces.push(...group);
+        if (this.pendingTraces.size < 10_000) this.pendingTraces.set(key, p);
+        continue;
+      }
+      const r = this.attachRuleTrace(f, group);
+      if (r) out.push(r);
+    }
+    return out;
+  }
+
+  private attachRuleTrace(f: Flow, group: RuleTrace[]): Ingested | undefined {
+    if (f.rulePath.length) return undefined; // only the first packet's path
+    const path: string[] = [];
+    let masq = false;
+    let table = '';
+    for (const t of group) {
+      if (t.table.startsWith('svctrace_')) continue; // our own marking table
+      if (t.table !== 'nat' && t.table !== 'kube-proxy') continue;
+      if (/^(KUBE-MARK-MASQ|mark-for-masquerade)$/.test(t.chain)) {
+        masq = true;
+        continue;
+      }
+      table ||= t.table;
+      if (path.at(-1) !== t.chain) path.push(t.chain);
+    }
+    // From the NAT base chain to the chain that DNATed (kube-proxy's filter
+    // chains and the SNAT chains after it are other stages).
+    const start = Math.max(0, path.findIndex((c) => /^(nat-|PREROUTING$|OUTPUT$)/.test(c)));
+    const dnatAt = path.findIndex((c) => /^(KUBE-SEP-|endpoint-)/.test(c));
+    path.splice(dnatAt >= 0 ? dnatAt + 1 : path.length);
+    path.splice(0, start);
+    if (!path.length) return undefined;
+    f.rulePath = path;
+    const summary = `kube-proxy rules taken (observed, nftables trace, table ${table}): ${path.join(' -> ')}${masq ? ' (marked for masquerade)' : ''}`;
+    const tsNs = group[0]!.tsNs;
+    const entry: TimelineEntry = { tsNs, stage: Stage.STAGE_DNAT, summary, milestone: true, label: 'rules' };
+    if (f.timeline.length < this.opts.maxTimeline) f.timeline.push(entry);
+    const event: pb.IEvent = {
+      tsNs: Long.fromBits(Number(tsNs & 0xffffffffn), Number(tsNs >> 32n), true),
+      kind: pb.EventKind.EVENT_KIND_RULE_TRACE,
+      flowId: f.id,
+      service: f.service,
+      stage: Stage.STAGE_DNAT,
+      summary,
+      direction: pb.Direction.DIRECTION_ORIGINAL,
+      packet: { src: f.orig.saddr, dst: f.orig.daddr, srcPort: f.orig.sport, dstPort: f.orig.dport, protocol: f.orig.proto as pb.Protocol },
+      rulePath: path,
+    };
+    if (f.dnat) event.backend = endpoint(f.reply.saddr, f.reply.sport);
+    return { flow: f, event, entry };
   }
 
   private evictOldest(): void {
@@ -225,6 +305,12 @@ export class FlowTable {
   private ingestOne(e: KernelEvent): Ingested | undefined {
     const f = this.flowFor(e);
     if (!f) return undefined;
+    const pending = this.pendingTraces.get(f.tupleIndexKey);
+    if (pending && !f.rulePath.length) {
+      this.pendingTraces.delete(f.tupleIndexKey);
+      const r = this.attachRuleTrace(f, pending.traces);
+      if (r) this.deferred.push(r);
+    }
     if (e.tsNs > f.lastTsNs) f.lastTsNs = e.tsNs;
     const prevTcpState = f.tcpState;
     if (e.kind === EventKind.NF) this.updateConntrack(f, e);
@@ -462,5 +548,6 @@ export function flowToProto(f: Flow): pb.IFlow {
     drops: f.drops,
     reset: f.reset,
     conntrackId: f.ctId,
+    rulePath: f.rulePath,
   };
 }

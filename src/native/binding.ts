@@ -16,6 +16,7 @@ export interface StructLayout {
 export interface NativeLayout {
   svt_tuple: StructLayout;
   svt_event: StructLayout;
+  svt_nftrace: StructLayout;
   kinds: Record<string, number>;
   consts: Record<string, number>;
 }
@@ -54,6 +55,7 @@ export interface NativeStats {
   /** Tracked flows the kernel believes alive (a hint: may over-count). */
   activeFlows: number;
   ctDestroyEvents: number;
+  ruleTraceEvents: number;
   ctOverruns: number;
 }
 
@@ -64,6 +66,8 @@ export interface NativeTracer {
   start(onBatch: (batch: Buffer, count: number) => void): void;
   stats(): NativeStats;
   close(): void;
+  /** Reads nftables trace messages in a namespace: batches of struct svt_nftrace. */
+  traceRules(netnsPath: string, onBatch: (batch: Buffer, count: number) => void): void;
   /** Benchmarks only: emit `count` synthetic events of `flows` flows (needs benchSource). */
   benchEmit(count: number, flows: number): void;
 }

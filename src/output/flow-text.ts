@@ -56,7 +56,7 @@ export class FlowTextPrinter {
         lines.push(this.paint('1', `[flow ${flow.id}] ${PROTO_NAMES[flow.proto] ?? flow.proto} ${flow.orig.saddr}:${flow.orig.sport} -> ${flow.orig.daddr}:${flow.orig.dport} (service ${flow.service})`));
       }
       const rel = (Number(entry.tsNs - flow.firstTsNs) / 1e6).toFixed(3);
-      const label = (entry.stateChange && entry.stage !== pb.Stage.STAGE_DROP ? 'state' : STAGE_LABEL[entry.stage] ?? '?').padEnd(6);
+      const label = (entry.label ?? (entry.stateChange && entry.stage !== pb.Stage.STAGE_DROP ? 'state' : STAGE_LABEL[entry.stage] ?? '?')).padEnd(6);
       lines.push(`  [${flow.id}] +${rel.padStart(9)}ms ${this.paint(COLOR[entry.stage], label)} ${entry.summary}`);
       if (entry.stage === pb.Stage.STAGE_CLOSE) lines.push(`  [${flow.id}] ${this.describeEnd(flow)}`);
     }

@@ -92,6 +92,7 @@ export async function record(opts: RecordOptions): Promise<pb.IRecordingTrailer>
     netns: netnsPaths,
     snaplen: opts.snaplen,
     allPackets: opts.allPackets,
+    onWarning: (w) => process.stderr.write(`svctrace: warning: ${w}\n`),
     onIngested: (items) => {
       if (stopReason === 'max-size') return;
       for (const { event } of items) {

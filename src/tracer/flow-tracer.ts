@@ -12,6 +12,20 @@ import { ServiceSpec } from '../net/ipv4';
 import type { HubSource } from '../stream/hub';
 import type { svctrace } from '../gen/svctrace';
 import { TraceSession } from './session';
+import { RuleMarker } from './rule-marker';
+
+/** Marking tables still installed; removed on process exit whatever happens. */
+const markers = new Set<RuleMarker>();
+let markerExitHook = false;
+
+function installMarkerCleanup(m: RuleMarker): void {
+  markers.add(m);
+  if (markerExitHook) return;
+  markerExitHook = true;
+  process.once('exit', () => {
+    for (const x of markers) x.removeAll();
+  });
+}
 import { TracerStats } from './tracer';
 
 export interface FlowTracerOptions {
@@ -23,6 +37,10 @@ export interface FlowTracerOptions {
   maxFlows?: number;
   snaplen?: number;
   allPackets?: boolean;
+  /** Observe the kube-proxy rule path of each new connection with nftables tracing (default true; needs nft). */
+  ruleTrace?: boolean;
+  /** Told once when rule tracing cannot run here (e.g. nft missing). */
+  onWarning?: (message: string) => void;
 }
 
 /** State the event callback fills before the FlowTracer object exists. */
@@ -42,6 +60,7 @@ export class FlowTracer {
     readonly names: NetnsNames,
     private readonly shared: Shared,
     private readonly onExpired?: (flows: Flow[]) => void,
+    private readonly marker?: RuleMarker,
   ) {
     this.expiryTimer = setInterval(() => this.expireNow(), 1000);
     this.expiryTimer.unref();
@@ -72,7 +91,25 @@ export class FlowTracer {
       },
     });
     for (const a of session.tracer.attached) names.remember(a.netnsIno, a.path.startsWith('/run/netns/') ? a.path.slice('/run/netns/'.length) : a.path);
-    return new FlowTracer(session, table, names, shared, opts.onExpired);
+    let marker: RuleMarker | undefined;
+    if (opts.ruleTrace !== false) {
+      marker = new RuleMarker();
+      try {
+        for (const a of session.tracer.attached) {
+          session.tracer.traceRules(a.path, (traces) => {
+            const items = table.ingestRuleTraces(traces);
+            if (items.length) opts.onIngested?.(items);
+          });
+          marker.install(a.path, opts.services);
+        }
+        installMarkerCleanup(marker);
+      } catch (e) {
+        marker.removeAll();
+        marker = undefined;
+        opts.onWarning?.(`rule paths will not be shown: nftables tracing unavailable (${e instanceof Error ? e.message.split('\n')[0] : String(e)})`);
+      }
+    }
+    return new FlowTracer(session, table, names, shared, opts.onExpired, marker);
   }
 
   /** The pod namespace a backend address was seen in, if any. */
@@ -110,6 +147,10 @@ export class FlowTracer {
 
   async stop(): Promise<{ summary: FlowSummary; stats: TracerStats }> {
     clearInterval(this.expiryTimer);
+    if (this.marker) {
+      this.marker.removeAll();
+      markers.delete(this.marker);
+    }
     const stats = await this.session.stop();
     return { summary: this.table.summary(), stats };
   }

@@ -4,7 +4,7 @@
  * decoded events in batches. Native errors become SvctraceErrors.
  */
 import { fromNativeError, SvctraceError } from '../errors';
-import { decodeBatch, KernelEvent } from '../events/decode';
+import { decodeBatch, decodeRuleTraces, KernelEvent, RuleTrace } from '../events/decode';
 import { parseIPv4, ServiceSpec } from '../net/ipv4';
 import { loadBinding, NativeStats, NativeTracer } from '../native/binding';
 import { resolveNetns } from './netns';
@@ -112,6 +112,23 @@ export class Tracer {
         }
         try {
           onEvents(events);
+        } catch (e) {
+          report(e);
+        }
+      });
+    } catch (e) {
+      throw fromNativeError(e);
+    }
+  }
+
+  /** Reads nftables trace messages in a namespace (see RuleMarker); `onTraces` gets them decoded. */
+  traceRules(nameOrPath: string, onTraces: (traces: RuleTrace[]) => void, onError?: (e: unknown) => void): void {
+    const path = resolveNetns(nameOrPath);
+    const report = onError ?? ((e: unknown) => process.stderr.write(`svctrace: ${String(e)}\n`));
+    try {
+      this.n.traceRules(path, (buf) => {
+        try {
+          onTraces(decodeRuleTraces(buf));
         } catch (e) {
           report(e);
         }

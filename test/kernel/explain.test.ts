@@ -58,6 +58,17 @@ for (const mode of ['iptables', 'nftables'] as const) {
       assert.ok((await lab.curl('http://10.96.0.100/')).ok);
       assert.equal(await new Promise((res) => t.once('exit', res)), 0, err);
       assert.match(out, /"stage":"STAGE_DNAT"/);
+      // The rule path the kernel took, observed with nftables tracing, ends in the chain of the pod that served.
+      const pod = lab.pods.find((p) => p.name === lab.served.at(-1)!.pod)!;
+      const ruleEvent = out.trim().split('\n').map((l) => JSON.parse(l) as { kind?: string; rulePath?: string[] }).find((e) => e.kind === 'EVENT_KIND_RULE_TRACE');
+      assert.ok(ruleEvent, 'no rule trace event');
+      const web = (await explain({ target: 'default/web', netns: lab.nodeNetns }))[0]!.service!;
+      const sep = web.endpoints.find((e) => e.ip === pod.ip)!.chain;
+      if (mode === 'iptables') assert.deepEqual(ruleEvent.rulePath, ['OUTPUT', 'KUBE-SERVICES', web.chain, sep]);
+      else assert.deepEqual(ruleEvent.rulePath, ['nat-output', 'services', web.chain, sep]);
+      // The marking table svctrace added is gone after exit.
+      const tables = (await runIn(lab.nodeNetns, ['nft', 'list', 'tables'])).stdout;
+      assert.doesNotMatch(tables, /svctrace_/);
       const bad = cli(['trace', '--netns', lab.nodeNetns, '--service', 'default/nope', '--duration', '1']);
       assert.equal(bad.status, 2);
       assert.match(bad.stderr, /no Service 'default\/nope'/);

@@ -1,7 +1,7 @@
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { loadBinding } from '../../src/native/binding';
-import { Dir, EVENT, EVENT_CAP_SIZE, EventKind, MAX_SNAPLEN, NF_PRIO_DNAT, NF_PRIO_SNAT, NfStage, TUPLE } from '../../src/events/layout';
+import { Dir, EVENT, EVENT_CAP_SIZE, EventKind, MAX_SNAPLEN, NFTRACE, NF_PRIO_DNAT, NF_PRIO_SNAT, NfStage, TUPLE } from '../../src/events/layout';
 
 // The addon reports the layout bpf/events.h compiled to; the decoder's
 // literal offsets must match it field by field.
@@ -14,6 +14,12 @@ describe('event ABI parity (bpf/events.h vs src/events/layout.ts)', () => {
       Object.fromEntries(Object.entries(EVENT.fields).map(([k, v]) => [k, [...v]])),
       native.svt_event.fields,
     );
+  });
+
+  it('svt_nftrace matches', () => {
+    const n = native.svt_nftrace;
+    assert.equal(NFTRACE.size, n.size);
+    assert.deepEqual(Object.fromEntries(Object.entries(NFTRACE.fields).map(([k, v]) => [k, [...v]])), n.fields);
   });
 
   it('svt_tuple matches', () => {

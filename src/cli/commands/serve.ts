@@ -72,6 +72,7 @@ export function registerServe(program: Command): void {
         services,
         netns: opts.netns.length ? opts.netns : [CURRENT_NETNS],
         allPackets: !!opts.allPackets,
+        onWarning: (w) => process.stderr.write(`svctrace: warning: ${w}\n`),
         onIngested: (items) => server?.publish(items.map((i) => i.event)),
       });
       const source = tracer.hubSource();

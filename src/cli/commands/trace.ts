@@ -30,6 +30,7 @@ export function registerTrace(program: Command): void {
         netns: opts.netns.length ? opts.netns : [CURRENT_NETNS],
         snaplen,
         allPackets: !!opts.allPackets,
+        onWarning: (w) => process.stderr.write(`svctrace: warning: ${w}\n`),
         onIngested: (items) => {
           if (opts.output === 'json') {
             if (items.length) write(items.map((i) => eventToJson(i.event)).join('\n') + '\n');

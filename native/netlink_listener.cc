@@ -1,0 +1,104 @@
+#include "netlink_listener.h"
+
+#include <linux/netlink.h>
+#include <errno.h>
+#include <libmnl/libmnl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <vector>
+
+#include "errors.h"
+#include "netns.h"
+
+namespace svt {
+
+namespace {
+constexpr int kPollMs = 50;
+}  // namespace
+
+uint64_t MonotonicNs() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+NetlinkListener::NetlinkListener(Napi::Env env, const std::string& netns_path, unsigned int group) {
+  // A netlink socket belongs to the namespace it is created in: create it
+  // there, then read it from any thread.
+  NetnsResult r = RunInNetns(netns_path, [&](NetnsResult& res) {
+    nl_ = mnl_socket_open2(NETLINK_NETFILTER, SOCK_CLOEXEC);
+    if (!nl_) {
+      res.op = "mnl_socket_open(NETLINK_NETFILTER)";
+      return -errno;
+    }
+    if (mnl_socket_bind(nl_, 0, MNL_SOCKET_AUTOPID) < 0) {
+      res.op = "mnl_socket_bind";
+      return -errno;
+    }
+    if (mnl_socket_setsockopt(nl_, NETLINK_ADD_MEMBERSHIP, &group, sizeof(group)) < 0) {
+      res.op = "join netlink group " + std::to_string(group);
+      return -errno;
+    }
+    // Bursts must not overflow the socket: ask for 4 MiB.
+    int rcvbuf = 4 * 1024 * 1024;
+    setsockopt(mnl_socket_get_fd(nl_), SOL_SOCKET, SO_RCVBUFFORCE, &rcvbuf, sizeof(rcvbuf));
+    return 0;
+  });
+  if (r.err != 0) {
+    if (nl_) mnl_socket_close(nl_);
+    nl_ = nullptr;
+    ThrowErrno(env, r.op, r.err, r.detail.empty() ? netns_path : r.detail);
+  }
+}
+
+NetlinkListener::~NetlinkListener() {
+  Stop();
+  if (nl_) mnl_socket_close(nl_);
+}
+
+void NetlinkListener::Start(Napi::Env env, Napi::Function on_batch, const char* name) {
+  if (sink_) return;
+  sink_ = std::make_unique<BatchSink>(env, on_batch, name);
+  thread_ = std::thread([this] { Run(); });
+}
+
+void NetlinkListener::Stop() {
+  stop_.store(true);
+  if (thread_.joinable()) thread_.join();
+  if (sink_) sink_->Close();
+}
+
+void NetlinkListener::Emit(const void* record, size_t size) {
+  sink_->Append(record, size);
+  events_++;
+}
+
+void NetlinkListener::Run() {
+  std::vector<char> buf(MNL_SOCKET_BUFFER_SIZE * 4);
+  int fd = mnl_socket_get_fd(nl_);
+  while (!stop_.load()) {
+    struct pollfd pfd = {fd, POLLIN, 0};
+    int pr = poll(&pfd, 1, sink_->pending() ? 2 : kPollMs);
+    if (pr > 0) {
+      // Drain everything queued, then flush once.
+      for (;;) {
+        ssize_t n = recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
+        if (n < 0) {
+          if (errno == ENOBUFS) {
+            overruns_++;
+            continue;
+          }
+          break;
+        }
+        const nlmsghdr* nlh = reinterpret_cast<const nlmsghdr*>(buf.data());
+        int len = (int)n;
+        for (; mnl_nlmsg_ok(nlh, len); nlh = mnl_nlmsg_next(nlh, &len)) Handle(nlh);
+      }
+    }
+    if (sink_->Due()) sink_->Flush();
+  }
+}
+
+}  // namespace svt

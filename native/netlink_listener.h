@@ -1,0 +1,56 @@
+// A netfilter netlink socket opened inside one network namespace and read on
+// its own thread; subclasses turn messages into records delivered to JS in
+// batches (BatchSink). Shared by the conntrack DESTROY listener and the
+// nftables trace listener.
+#pragma once
+
+#include <napi.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "batch_sink.h"
+
+struct mnl_socket;
+struct nlmsghdr;
+
+namespace svt {
+
+class NetlinkListener {
+ public:
+  NetlinkListener(const NetlinkListener&) = delete;
+  NetlinkListener& operator=(const NetlinkListener&) = delete;
+  virtual ~NetlinkListener();
+
+  void Start(Napi::Env env, Napi::Function on_batch, const char* name);
+  void Stop();
+
+  uint64_t events() const { return events_.load(); }
+  // Messages the kernel could not queue to us (ENOBUFS): events we missed.
+  uint64_t overruns() const { return overruns_.load(); }
+
+ protected:
+  // Opens a NETLINK_NETFILTER socket in `netns_path` joined to `group`
+  // (an NFNLGRP_* number); throws a JS error on failure.
+  NetlinkListener(Napi::Env env, const std::string& netns_path, unsigned int group);
+  // Called on the listener thread for each message.
+  virtual void Handle(const nlmsghdr* nlh) = 0;
+  void Emit(const void* record, size_t size);
+
+ private:
+  void Run();
+
+  mnl_socket* nl_ = nullptr;
+  std::unique_ptr<BatchSink> sink_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> events_{0};
+  std::atomic<uint64_t> overruns_{0};
+};
+
+// CLOCK_MONOTONIC in ns: the clock bpf_ktime_get_ns() reads.
+uint64_t MonotonicNs();
+
+}  // namespace svt
