@@ -34,10 +34,30 @@ fi
 
 . /etc/os-release
 codename=${VERSION_CODENAME:-bookworm}
-bp_list=/etc/apt/sources.list.d/svctrace-backports.list
-if ! grep -rqs "${codename}-backports" /etc/apt/sources.list /etc/apt/sources.list.d/; then
-  echo "deb http://deb.debian.org/debian ${codename}-backports main" > "$bp_list"
-  echo "setup-system: added ${codename}-backports suite ($bp_list)"
+bp_file=/etc/apt/sources.list.d/svctrace-backports.sources
+if ! grep -rqs -- "${codename}-backports" /etc/apt/sources.list /etc/apt/sources.list.d/; then
+  # Reuse the mirror this machine already uses for ${codename} itself, from
+  # its deb822 .sources files or a one-line sources.list entry.
+  uris=$(awk -v s="$codename" '
+    /^URIs:/ { u = substr($0, 7) }
+    /^Suites:/ { for (i = 2; i <= NF; i++) if ($i == s && u != "") { print u; exit } }
+    /^$/ { u = "" }' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n1)
+  if [ -z "$uris" ]; then
+    uris=$(awk -v s="$codename" '$1 == "deb" && $3 == s { print $2; exit }' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | head -n1)
+  fi
+  if [ -z "$uris" ]; then
+    echo "setup-system: cannot find this machine's Debian mirror to add ${codename}-backports" >&2
+    exit 1
+  fi
+  keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+  {
+    echo "Types: deb"
+    echo "URIs: ${uris# }"
+    echo "Suites: ${codename}-backports"
+    echo "Components: main"
+    [ -f "$keyring" ] && echo "Signed-By: $keyring"
+  } > "$bp_file"
+  echo "setup-system: added ${codename}-backports suite ($bp_file)"
 fi
 
 export DEBIAN_FRONTEND=noninteractive
