@@ -38,6 +38,7 @@ export interface ClientHandlers {
   flows?: (flows: pb.IFlow[]) => void;
   status?: (status: pb.Status) => void;
   error?: (error: pb.Error) => void;
+  diagnosis?: (d: pb.Diagnosis) => void;
   close?: (code: number, reason: string) => void;
 }
 
@@ -148,6 +149,9 @@ export class SvctraceClient {
         break;
       case 'error':
         this.handlers.error?.(msg.error as pb.Error);
+        break;
+      case 'diagnosis':
+        this.handlers.diagnosis?.(msg.diagnosis as pb.Diagnosis);
         break;
       case 'pong': {
         const key = String(msg.pong?.nonce ?? 0);

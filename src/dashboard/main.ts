@@ -54,6 +54,7 @@ async function connect(): Promise<void> {
           store.status = s;
           store.dirty = true;
         },
+        diagnosis: (d) => store.addDiagnosis(d),
         error: (e) => {
           store.connectionNote = `server: ${e.code} ${e.message}`;
           store.dirty = true;
@@ -189,6 +190,9 @@ function renderHealth(): void {
   $('h-dropped').textContent = s ? String(s.dropped ?? 0) : '—';
   const drops = Object.entries(s?.dropsByReason ?? {});
   $('h-drops').textContent = drops.length ? drops.map(([r, n]) => `${r}=${String(n)}`).join(' ') : 'none';
+  $('diagnoses').innerHTML = store.diagnoses
+    .map((d) => `<li class="diag ${esc(d.severity)}" data-testid="diagnosis" data-code="${esc(d.code)}"><b>${esc(d.code)}</b> ${esc(d.service)}: ${esc(d.summary)}</li>`)
+    .join('');
 }
 
 function frame(): void {

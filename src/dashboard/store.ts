@@ -50,6 +50,8 @@ export class Store {
   readonly distribution = new Map<string, Map<string, BackendStats>>();
   private counted = new Set<string>();
   status: pb.IStatus | null = null;
+  /** The latest diagnoses the server reported (newest first, at most 20). */
+  diagnoses: pb.IDiagnosis[] = [];
   hello: pb.IHello | null = null;
   connected = false;
   connectionNote = 'connecting';
@@ -58,6 +60,11 @@ export class Store {
   private seq = 0;
   /** The server run flow ids belong to (Hello.instance): a restarted server starts ids again at 1. */
   private instance = '';
+
+  addDiagnosis(d: pb.IDiagnosis): void {
+    this.diagnoses = [d, ...this.diagnoses].slice(0, 20);
+    this.dirty = true;
+  }
 
   /** Called on every (re)connect with the server's Hello. */
   setHello(h: pb.IHello): void {

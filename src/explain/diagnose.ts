@@ -4,6 +4,8 @@
  * flows showed; the explain command gathers the inputs.
  */
 import { DiscoveredService } from '../discovery/model';
+import type { Flow } from '../flows/flow-table';
+import { IPS_SEEN_REPLY } from '../events/conntrack';
 import { ConntrackPressure, NeighbourInfo, RouteInfo } from './node-state';
 
 export interface Diagnosis {
@@ -184,4 +186,28 @@ export function diagnoseTraffic(svc: DiscoveredService, t: ObservedTraffic): Dia
     });
   }
   return out;
+}
+
+/** What a set of flows to one service showed, per backend. */
+export function observeFlows(svc: DiscoveredService, flows: Flow[], seconds: number): ObservedTraffic {
+  const mine = flows.filter((f) => f.orig.daddr === svc.clusterIP && f.orig.dport === svc.port);
+  const byBackend = new Map<string, ObservedBackend>();
+  let notDnated = 0;
+  let masqueraded = 0;
+  for (const f of mine) {
+    if (!f.dnat) {
+      notDnated++;
+      continue;
+    }
+    if (f.masqueraded) masqueraded++;
+    const key = `${f.reply.saddr}:${f.reply.sport}`;
+    let b = byBackend.get(key);
+    if (!b) byBackend.set(key, (b = { backend: key, flows: 0, answered: 0, resets: 0, maxPacketsPerFlow: 0, clients: new Set() }));
+    b.flows++;
+    if (f.reset) b.resets++;
+    else if (f.status & IPS_SEEN_REPLY) b.answered++;
+    b.maxPacketsPerFlow = Math.max(b.maxPacketsPerFlow, f.packets[0] + f.packets[1]);
+    b.clients.add(f.orig.saddr);
+  }
+  return { seconds, flows: mine.length, notDnated, backends: [...byBackend.values()], masqueraded };
 }

@@ -11,8 +11,7 @@ import { parseServiceSpec } from '../net/ipv4';
 import { CURRENT_NETNS, resolveNetns } from '../tracer/netns';
 import { FlowTracer } from '../tracer/flow-tracer';
 import { waitForStop } from '../tracer/session';
-import { IPS_SEEN_REPLY } from '../events/conntrack';
-import { BackendState, Diagnosis, diagnoseBackends, diagnoseConntrack, diagnoseRules, diagnoseTraffic, ObservedTraffic } from './diagnose';
+import { BackendState, Diagnosis, diagnoseBackends, diagnoseConntrack, diagnoseRules, diagnoseTraffic, ObservedTraffic, observeFlows } from './diagnose';
 import { conntrackPressure, neighbour, routeTo } from './node-state';
 
 export interface ExplainOptions {
@@ -91,26 +90,7 @@ async function watch(exps: Explanation[], netns: string, seconds: number): Promi
   for (const e of exps) {
     const s = e.service;
     if (!s) continue;
-    const mine = flows.filter((f) => f.orig.daddr === s.clusterIP && f.orig.dport === s.port);
-    const byBackend = new Map<string, ObservedTraffic['backends'][number]>();
-    let notDnated = 0;
-    let masqueraded = 0;
-    for (const f of mine) {
-      if (!f.dnat) {
-        notDnated++;
-        continue;
-      }
-      if (f.masqueraded) masqueraded++;
-      const key = `${f.reply.saddr}:${f.reply.sport}`;
-      let b = byBackend.get(key);
-      if (!b) byBackend.set(key, (b = { backend: key, flows: 0, answered: 0, resets: 0, maxPacketsPerFlow: 0, clients: new Set() }));
-      b.flows++;
-      if (f.reset) b.resets++;
-      else if (f.status & IPS_SEEN_REPLY) b.answered++;
-      b.maxPacketsPerFlow = Math.max(b.maxPacketsPerFlow, f.packets[0] + f.packets[1]);
-      b.clients.add(f.orig.saddr);
-    }
-    e.observed = { seconds, flows: mine.length, notDnated, backends: [...byBackend.values()], masqueraded };
+    e.observed = observeFlows(s, flows, seconds);
     e.diagnoses.push(...diagnoseTraffic(s, e.observed));
   }
 }

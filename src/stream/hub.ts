@@ -115,6 +115,14 @@ export class Hub {
     for (const c of this.clients) if (c.wantsFlows && !c.paused) c.sendControl(frame);
   }
 
+  /** Sends diagnoses (classic failures seen live) to every client. */
+  broadcastDiagnoses(ds: pb.IDiagnosis[]): void {
+    for (const d of ds) {
+      const frame = serverFrame({ diagnosis: d });
+      for (const c of this.clients) c.sendControl(frame);
+    }
+  }
+
   /** Closes every client and stops the timers. */
   close(): void {
     for (const t of this.timers) clearInterval(t);

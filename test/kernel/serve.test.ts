@@ -77,8 +77,38 @@ describe('svctrace serve (kernel)', () => {
     }
     ws.close();
     child.kill('SIGINT');
+    child.once('exit', () => (child = undefined));
     const code = await new Promise((res) => child!.once('exit', res));
     assert.equal(code, 0, err);
     assert.match(err, /summary: 1 flows/);
+  });
+
+  kernelTest('classic failures seen live reach clients as Diagnosis messages', async () => {
+    const closed = lab.service('closed');
+    const serve = spawn(process.execPath, [CLI, 'serve', '--netns', lab.nodeNetns, '--service', 'default/closed', '--listen', '127.0.0.1:0'], { stdio: ['ignore', 'ignore', 'pipe'] });
+    let err = '';
+    serve.stderr!.on('data', (d) => (err += d));
+    try {
+      assert.ok(await waitFor(() => /streaming at (ws:\S+) /.test(err), 10_000), err);
+      const url = /streaming at (ws:\S+) /.exec(err)![1]!;
+      const ServerMessage = (await protobuf.load(PROTO)).lookupType('svctrace.v1.ServerMessage');
+      const diagnoses: Array<{ code?: string; service?: string; summary?: string }> = [];
+      const ws = new WebSocket(url, ['svctrace.v1']);
+      ws.on('message', (data) => {
+        const m = ServerMessage.toObject(ServerMessage.decode(data as Buffer), { oneofs: true }) as { body: string; diagnosis?: { code?: string } };
+        if (m.body === 'diagnosis') diagnoses.push(m.diagnosis!);
+      });
+      await new Promise((r, j) => ws.once('open', r).once('error', j));
+      for (let i = 0; i < 2; i++) assert.equal((await lab.curl(`http://${closed.clusterIP}/`)).ok, false);
+      assert.ok(await waitFor(() => diagnoses.some((d) => d.code === 'BACKEND_NOT_LISTENING'), 15_000), JSON.stringify(diagnoses));
+      const d = diagnoses.find((x) => x.code === 'BACKEND_NOT_LISTENING')!;
+      assert.equal(d.service, `${closed.clusterIP}:80/tcp`);
+      assert.match(d.summary!, /TCP RST/);
+      assert.ok(!diagnoses.some((x) => x.code === 'REPLY_PATH_BROKEN'), 'a reset is not a broken reply path');
+      ws.close();
+    } finally {
+      serve.kill('SIGINT');
+      await new Promise((r) => serve.once('exit', r));
+    }
   });
 });

@@ -8,7 +8,8 @@ import { DEFAULT_LISTEN, StreamServer } from '../../stream/server';
 import { dashboardHandler } from '../../stream/static';
 import { formatSummary } from '../../output/flow-text';
 import { discover } from '../../discovery/discover';
-import { findByAddress } from '../../discovery/model';
+import { DiscoveredService, findByAddress } from '../../discovery/model';
+import { LiveDiagnoser } from '../../explain/live';
 import { resolveNetns } from '../../tracer/netns';
 import { ServiceSpec } from '../../net/ipv4';
 import { serviceLabel } from '../../flows/flow-table';
@@ -34,13 +35,15 @@ function readFileOpt(path: string, what: string): Buffer {
 }
 
 /** The rules' view of the traced services, for the dashboard's expected distribution; empty when none are found. */
-async function rulesFor(services: ServiceSpec[], netns: string | undefined): Promise<svctrace.v1.IServiceRules[]> {
+async function rulesFor(services: ServiceSpec[], netns: string | undefined): Promise<{ rules: svctrace.v1.IServiceRules[]; found: DiscoveredService[]; masqueradeRule: boolean }> {
   const d = await discover(netns ? resolveNetns(netns) : CURRENT_NETNS);
   const out: svctrace.v1.IServiceRules[] = [];
+  const found: DiscoveredService[] = [];
   for (const spec of services) {
     if (!spec.address) continue;
     const s = findByAddress(d, spec.address, spec.port, spec.proto);
     if (!s) continue;
+    found.push(s);
     out.push({
       service: serviceLabel(spec),
       name: s.name,
@@ -49,7 +52,7 @@ async function rulesFor(services: ServiceSpec[], netns: string | undefined): Pro
       mode: s.source,
     });
   }
-  return out;
+  return { rules: out, found, masqueradeRule: d.masqueradeRule };
 }
 
 export function registerServe(program: Command): void {
@@ -68,23 +71,31 @@ export function registerServe(program: Command): void {
       if (!!opts.tlsCert !== !!opts.tlsKey) throw new SvctraceError('BAD_INPUT', 'give both --tls-cert and --tls-key');
       const tls = opts.tlsCert && opts.tlsKey ? { cert: readFileOpt(opts.tlsCert, 'certificate'), key: readFileOpt(opts.tlsKey, 'key') } : undefined;
       let server: StreamServer | undefined;
+      let live: LiveDiagnoser | undefined;
       const tracer = FlowTracer.start({
         services,
         netns: opts.netns.length ? opts.netns : [CURRENT_NETNS],
         allPackets: !!opts.allPackets,
         onWarning: (w) => process.stderr.write(`svctrace: warning: ${w}\n`),
-        onIngested: (items) => server?.publish(items.map((i) => i.event)),
+        onIngested: (items) => {
+          server?.publish(items.map((i) => i.event));
+          live?.observe(items);
+        },
       });
       const source = tracer.hubSource();
-      source.rules = await rulesFor(services, opts.netns[0]);
+      const rules = await rulesFor(services, opts.netns[0]);
+      source.rules = rules.rules;
       try {
         server = await StreamServer.start(source, { listen: opts.listen, token, tls, allowOrigins: opts.allowOrigin, staticHandler: dashboardHandler() });
       } catch (e) {
         await tracer.stop();
         throw e;
       }
+      // Classic failures, live: sent to every client as Diagnosis messages.
+      live = new LiveDiagnoser(rules.found, (ds) => server?.hub.broadcastDiagnoses(ds), 5000, rules.masqueradeRule);
       process.stderr.write(`svctrace: tracing ${services.map((s) => s.text).join(', ')}; streaming at ${server.url()} (dashboard: ${server.url().replace(/^ws/, 'http').replace('/v1/events', '/')}; Ctrl-C to stop)\n`);
       await waitForStop(duration);
+      live.stop();
       await server.close();
       const { summary, stats } = await tracer.stop();
       process.stderr.write(formatSummary(summary, stats, (a) => tracer.backendName(a)) + '\n');

@@ -3,7 +3,10 @@ import { FlowTextPrinter, formatSummary } from '../../output/flow-text';
 import { eventToJson } from '../../flows/to-proto';
 import { FlowTracer } from '../../tracer/flow-tracer';
 import { waitForStop } from '../../tracer/session';
-import { CURRENT_NETNS } from '../../tracer/netns';
+import { CURRENT_NETNS, resolveNetns } from '../../tracer/netns';
+import { discover } from '../../discovery/discover';
+import { DiscoveredService, findByAddress } from '../../discovery/model';
+import { LiveDiagnoser } from '../../explain/live';
 import { SvctraceError } from '../../errors';
 import { MAX_SNAPLEN } from '../../events/layout';
 import { addSelectionOptions, parseDuration, SelectionOptions, servicesFrom } from '../options';
@@ -25,6 +28,7 @@ export function registerTrace(program: Command): void {
       const duration = parseDuration(opts.duration);
       const write = (s: string) => process.stdout.write(s);
       let printer: FlowTextPrinter | undefined;
+      let live: LiveDiagnoser | undefined;
       const tracer = FlowTracer.start({
         services,
         netns: opts.netns.length ? opts.netns : [CURRENT_NETNS],
@@ -37,11 +41,19 @@ export function registerTrace(program: Command): void {
           } else {
             printer?.print(items);
           }
+          live?.observe(items);
         },
       });
       printer = new FlowTextPrinter(write, useColor(), (a) => tracer.backendName(a));
+      if (opts.output === 'text') {
+        // Classic failures seen live, next to the timelines (needs the rules of the services).
+        const d = await discover(opts.netns.length ? resolveNetns(opts.netns[0]!) : CURRENT_NETNS);
+        const found = services.map((sv) => (sv.address ? findByAddress(d, sv.address, sv.port, sv.proto) : undefined)).filter((x): x is DiscoveredService => !!x);
+        live = new LiveDiagnoser(found, (ds) => write(ds.map((x) => `[diagnosis] [${x.severity.toUpperCase()}] ${x.code} ${x.service}: ${x.summary}\n`).join('')), 5000, d.masqueradeRule);
+      }
       process.stderr.write(`svctrace: tracing ${services.map((s) => s.text).join(', ')}; Ctrl-C to stop\n`);
       await waitForStop(duration);
+      live?.stop();
       const { summary, stats } = await tracer.stop();
       process.stderr.write(formatSummary(summary, stats, (a) => tracer.backendName(a)) + '\n');
     });

@@ -1,0 +1,79 @@
+/**
+ * Diagnoses while tracing: every few seconds, the flows that started in the
+ * last window are compared with the rules (the same checks as `explain
+ * --watch`); a diagnosis is reported once, then again only if it persists
+ * after a minute. The rules-based ones are reported at the start.
+ */
+import { DiscoveredService } from '../discovery/model';
+import { Flow, Ingested, serviceLabel } from '../flows/flow-table';
+import { parseServiceSpec } from '../net/ipv4';
+import { Diagnosis, diagnoseRules, diagnoseTraffic, observeFlows } from './diagnose';
+
+export interface LiveDiagnosis extends Diagnosis {
+  service: string;
+}
+
+const REPEAT_AFTER_MS = 60_000;
+/** A flow is judged this long after it started: time to be answered, reset or refused. */
+const GRACE_NS = 2_000_000_000n;
+const MAX_PENDING = 20_000;
+
+export class LiveDiagnoser {
+  private readonly lastSaid = new Map<string, number>();
+  private readonly timer: NodeJS.Timeout;
+  private pending = new Set<Flow>();
+
+  constructor(
+    private readonly services: DiscoveredService[],
+    private readonly report: (d: LiveDiagnosis[]) => void,
+    private readonly windowMs = 5000,
+    masqueradeRule = true,
+  ) {
+    const initial = services.flatMap((s) => diagnoseRules(s, s.name, masqueradeRule).filter((d) => d.severity !== 'info').map((d) => this.tag(s, d)));
+    this.emit(initial);
+    this.timer = setInterval(() => this.tick(), windowMs);
+    this.timer.unref();
+  }
+
+  private tag(s: DiscoveredService, d: Diagnosis): LiveDiagnosis {
+    return { ...d, service: serviceLabel(parseServiceSpec(`${s.clusterIP}:${s.port}/${s.proto}`)) };
+  }
+
+  private emit(ds: LiveDiagnosis[]): void {
+    const now = Date.now();
+    const fresh = ds.filter((d) => {
+      const key = `${d.service}|${d.code}|${d.summary.replace(/\d+/g, '#')}`;
+      const last = this.lastSaid.get(key);
+      if (last !== undefined && now - last < REPEAT_AFTER_MS) return false;
+      this.lastSaid.set(key, now);
+      return true;
+    });
+    if (fresh.length) this.report(fresh);
+  }
+
+  /** Feeds the flows the tracer just saw. */
+  observe(items: Ingested[]): void {
+    for (const { flow } of items) if (this.pending.size < MAX_PENDING) this.pending.add(flow);
+  }
+
+  /** One window: the flows old enough to judge, per service. */
+  tick(nowNs = process.hrtime.bigint()): void {
+    const flows: Flow[] = [];
+    for (const f of this.pending) {
+      if (nowNs - f.firstTsNs >= GRACE_NS) {
+        flows.push(f);
+        this.pending.delete(f);
+      }
+    }
+    const out: LiveDiagnosis[] = [];
+    for (const s of this.services) {
+      const t = observeFlows(s, flows, this.windowMs / 1000);
+      if (t.flows) out.push(...diagnoseTraffic(s, t).map((d) => this.tag(s, d)));
+    }
+    this.emit(out);
+  }
+
+  stop(): void {
+    clearInterval(this.timer);
+  }
+}
