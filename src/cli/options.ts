@@ -19,6 +19,7 @@ export function parseDuration(v: string | undefined): number | undefined {
 }
 
 export interface SelectionOptions {
+  kubeconfig?: string;
   allServices?: boolean;
   service: string[];
   nodeport: string[];
@@ -33,6 +34,7 @@ export function addSelectionOptions(cmd: Command): Command {
     .option('--all-services', 'trace every ClusterIP found in the kube-proxy rules')
     .option('--nodeport <port[/proto]>', 'NodePort to trace (repeatable)', collect, [])
     .option('--netns <name|path>', "network namespace of the node (repeatable; default: svctrace's own)", collect, [])
+    .option('--kubeconfig <path>', 'name services and pods from the Kubernetes API (default: $KUBECONFIG, ~/.kube/config or in-cluster, if any)')
     .option('--all-packets', 'an event for every packet at every hook (default: the transitions — first packets, SYN/FIN/RST, drops — plus one per packet for counting)');
 }
 

@@ -5,6 +5,7 @@
  */
 import { DiscoveredService } from '../discovery/model';
 import type { Flow } from '../flows/flow-table';
+import type { ApiEndpoint } from '../k8s/cluster';
 import { IPS_SEEN_REPLY } from '../events/conntrack';
 import { ConntrackPressure, NeighbourInfo, RouteInfo } from './node-state';
 
@@ -20,7 +21,8 @@ export interface Diagnosis {
     | 'CLIENT_IP_HIDDEN'
     | 'MASQUERADE_RULE_MISSING'
     | 'BACKEND_NOT_LISTENING'
-    | 'REPLY_PATH_BROKEN';
+    | 'REPLY_PATH_BROKEN'
+    | 'ENDPOINTS_MISMATCH';
   severity: 'error' | 'warning' | 'info';
   summary: string;
   evidence: string[];
@@ -210,4 +212,35 @@ export function observeFlows(svc: DiscoveredService, flows: Flow[], seconds: num
     b.clients.add(f.orig.saddr);
   }
   return { seconds, flows: mine.length, notDnated, backends: [...byBackend.values()], masqueraded };
+}
+
+/** The Kubernetes API (EndpointSlices) against this node's rules. */
+export function diagnoseApi(svc: DiscoveredService, api: ApiEndpoint[]): Diagnosis[] {
+  const key = (ip: string, port: number) => `${ip}:${port}`;
+  const ready = new Set(api.filter((e) => e.ready && !e.terminating).map((e) => key(e.ip, e.port)));
+  const known = new Map(api.map((e) => [key(e.ip, e.port), e]));
+  const rules = new Set(svc.endpoints.map((e) => key(e.ip, e.port)));
+  const out: Diagnosis[] = [];
+  const stale = [...rules].filter((k) => !ready.has(k));
+  const missing = [...ready].filter((k) => !rules.has(k));
+  if (stale.length) {
+    out.push({
+      code: 'ENDPOINTS_MISMATCH',
+      severity: 'error',
+      summary: `this node's rules still send ${svc.name} connections to ${stale.join(', ')}, which the API no longer lists as ready: stale rules (kube-proxy has not synced) — or a ghost endpoint`,
+      evidence: stale.map((k) => {
+        const e = known.get(k);
+        return e ? `${k}${e.pod ? ` (${e.pod})` : ''}: ready=${e.ready} terminating=${e.terminating} in the EndpointSlice` : `${k}: in no EndpointSlice of the Service`;
+      }),
+    });
+  }
+  if (missing.length) {
+    out.push({
+      code: 'ENDPOINTS_MISMATCH',
+      severity: 'error',
+      summary: `the API lists ready endpoints of ${svc.name} that this node's rules do not have: ${missing.join(', ')} (kube-proxy not synced on this node)`,
+      evidence: missing.map((k) => `${k}${known.get(k)?.pod ? ` (${known.get(k)!.pod})` : ''}: ready in the EndpointSlice, no rule`),
+    });
+  }
+  return out;
 }

@@ -11,7 +11,8 @@ import { parseServiceSpec } from '../net/ipv4';
 import { CURRENT_NETNS, resolveNetns } from '../tracer/netns';
 import { FlowTracer } from '../tracer/flow-tracer';
 import { waitForStop } from '../tracer/session';
-import { BackendState, Diagnosis, diagnoseBackends, diagnoseConntrack, diagnoseRules, diagnoseTraffic, ObservedTraffic, observeFlows } from './diagnose';
+import { ApiEndpoint, Cluster } from '../k8s/cluster';
+import { BackendState, Diagnosis, diagnoseApi, diagnoseBackends, diagnoseConntrack, diagnoseRules, diagnoseTraffic, ObservedTraffic, observeFlows } from './diagnose';
 import { conntrackPressure, neighbour, routeTo } from './node-state';
 
 export interface ExplainOptions {
@@ -19,6 +20,9 @@ export interface ExplainOptions {
   netns?: string;
   watchSeconds?: number;
   probe?: boolean;
+  /** Kubeconfig to ask the API with (default: $KUBECONFIG, ~/.kube/config, in-cluster; none = no API). */
+  kubeconfig?: string;
+  onWarning?: (m: string) => void;
 }
 
 export interface Explanation {
@@ -27,6 +31,8 @@ export interface Explanation {
   mode: Discovery['mode'];
   service?: DiscoveredService;
   backends: BackendState[];
+  /** Endpoints the Kubernetes API lists for the Service, when a cluster answered. */
+  api?: ApiEndpoint[];
   observed?: ObservedTraffic;
   diagnoses: Diagnosis[];
 }
@@ -53,6 +59,7 @@ export async function explain(opts: ExplainOptions): Promise<Explanation[]> {
     return [{ target: label, netns, mode: d.mode, backends: [], diagnoses: [...diagnoseRules(undefined, label, d.masqueradeRule), ...diagnoseConntrack(await conntrackPressure(netns))] }];
   }
   const pressure = await conntrackPressure(netns);
+  const cluster = await Cluster.start({ kubeconfig: opts.kubeconfig, onWarning: opts.onWarning });
   const out: Explanation[] = [];
   for (const svc of services) {
     const backends: BackendState[] = await Promise.all(
@@ -62,17 +69,26 @@ export async function explain(opts: ExplainOptions): Promise<Explanation[]> {
         return b;
       }),
     );
+    const api = cluster ? apiEndpointsFor(cluster, svc) : undefined;
     out.push({
       target: `${svc.clusterIP}:${svc.port}/${svc.proto}`,
       netns,
       mode: d.mode,
       service: svc,
       backends,
-      diagnoses: [...diagnoseRules(svc, label, d.masqueradeRule), ...diagnoseBackends(svc, backends), ...diagnoseConntrack(pressure)],
+      api,
+      diagnoses: [...diagnoseRules(svc, label, d.masqueradeRule), ...diagnoseBackends(svc, backends), ...diagnoseConntrack(pressure), ...(api ? diagnoseApi(svc, api) : [])],
     });
   }
+  await cluster?.stop();
   if (opts.watchSeconds) await watch(out, netns, opts.watchSeconds);
   return out;
+}
+
+function apiEndpointsFor(cluster: Cluster, svc: DiscoveredService): ApiEndpoint[] | undefined {
+  const at = cluster.serviceAt(svc.clusterIP, svc.port, svc.proto);
+  if (!at) return undefined;
+  return cluster.endpoints(at.service.namespace, at.service.name, at.portName);
 }
 
 /** Traces the services for a while and adds what the traffic showed. */
@@ -119,9 +135,12 @@ export function formatExplanation(e: Explanation): string {
       const probe = b?.probe === undefined ? '' : b.probe ? ', TCP connect ok' : ', TCP connect FAILED';
       const obs = e.observed?.backends.find((o) => o.backend === `${ep.ip}:${ep.port}`);
       const seen = e.observed ? `  observed ${obs?.flows ?? 0} of ${e.observed.flows}` : '';
-      L.push(`    ${`${ep.ip}:${ep.port}`.padEnd(21)} ${pct(ep.probability).padStart(6)}  ${ep.chain}  route: ${route}, ${neigh}${probe}${seen}`);
+      const apiEp = e.api?.find((a) => a.ip === ep.ip && a.port === ep.port);
+      const pod = apiEp?.pod ? `  pod ${apiEp.pod}${apiEp.ready ? '' : ' (not ready)'}${apiEp.terminating ? ' (terminating)' : ''}` : '';
+      L.push(`    ${`${ep.ip}:${ep.port}`.padEnd(21)} ${pct(ep.probability).padStart(6)}  ${ep.chain}  route: ${route}, ${neigh}${probe}${pod}${seen}`);
     });
   }
+  if (e.api) L.push(`  Kubernetes API: ${e.api.length} endpoints in the EndpointSlices (${e.api.filter((a) => a.ready && !a.terminating).length} ready)`);
   if (e.observed) L.push(`  watched ${e.observed.seconds} s: ${e.observed.flows} new connections, ${e.observed.masqueraded} masqueraded, ${e.observed.notDnated} not DNATed`);
   L.push(e.diagnoses.length ? '  diagnoses:' : '  diagnoses: none');
   for (const d of e.diagnoses) {

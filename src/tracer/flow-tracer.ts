@@ -11,6 +11,8 @@ import { NetnsNames } from '../flows/netns-names';
 import { ServiceSpec } from '../net/ipv4';
 import type { HubSource } from '../stream/hub';
 import type { svctrace } from '../gen/svctrace';
+import type { Cluster } from '../k8s/cluster';
+import { PROTO_NAMES } from '../events/conntrack';
 import { TraceSession } from './session';
 import { RuleMarker } from './rule-marker';
 
@@ -41,6 +43,8 @@ export interface FlowTracerOptions {
   ruleTrace?: boolean;
   /** Told once when rule tracing cannot run here (e.g. nft missing). */
   onWarning?: (message: string) => void;
+  /** Names from the Kubernetes API for events (service_name, backend_pod). */
+  cluster?: Cluster | null;
 }
 
 /** State the event callback fills before the FlowTracer object exists. */
@@ -49,6 +53,16 @@ interface Shared {
   backendNetns: Map<string, string>;
   /** Flows changed since the last flow update was taken. */
   changed: Map<number, Flow>;
+}
+
+/** Names an event from the API: the Service's name and the backend pod. */
+function nameEvent(cluster: Cluster, f: Flow, e: svctrace.v1.IEvent): void {
+  const at = cluster.serviceAt(f.orig.daddr, f.orig.dport, PROTO_NAMES[f.proto] ?? '');
+  if (at) e.serviceName = `${at.service.namespace}/${at.service.name}:${at.portName}`;
+  if (f.dnat) {
+    const pod = cluster.podAt(f.reply.saddr);
+    if (pod) e.backendPod = pod;
+  }
 }
 
 export class FlowTracer {
@@ -83,9 +97,10 @@ export class FlowTracer {
       allPackets: opts.allPackets,
       onEvents: (events) => {
         const items = table.ingest(events);
-        for (const { flow } of items) {
+        for (const { flow, event } of items) {
           if (flow.backendNetns && flow.dnat) shared.backendNetns.set(flow.reply.saddr, flow.backendNetns);
           shared.changed.set(flow.id, flow);
+          if (opts.cluster) nameEvent(opts.cluster, flow, event);
         }
         opts.onIngested?.(items);
       },
@@ -98,6 +113,7 @@ export class FlowTracer {
         for (const a of session.tracer.attached) {
           session.tracer.traceRules(a.path, (traces) => {
             const items = table.ingestRuleTraces(traces);
+            if (opts.cluster) for (const { flow, event } of items) nameEvent(opts.cluster, flow, event);
             if (items.length) opts.onIngested?.(items);
           });
           marker.install(a.path, opts.services);

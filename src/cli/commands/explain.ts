@@ -11,12 +11,20 @@ export function registerExplain(program: Command): void {
     .option('--netns <name|path>', "the node's network namespace (default: svctrace's own)")
     .option('--watch <seconds>', 'then trace live traffic this long and compare it with the rules')
     .option('--probe', 'also try a TCP connection to each backend from the node')
+    .option('--kubeconfig <path>', 'compare with the Kubernetes API (default: $KUBECONFIG, ~/.kube/config or in-cluster, if any)')
     .option('-o, --output <format>', 'text or json', 'text')
-    .action(async (target: string, opts: { netns?: string; watch?: string; probe?: boolean; output: string }) => {
+    .action(async (target: string, opts: { netns?: string; watch?: string; probe?: boolean; output: string; kubeconfig?: string }) => {
       if (opts.output !== 'text' && opts.output !== 'json') throw new SvctraceError('BAD_INPUT', `--output must be text or json, not '${opts.output}'`);
       const watchSeconds = parseDuration(opts.watch);
       if (watchSeconds) process.stderr.write(`svctrace: watching ${target} for ${watchSeconds} s...\n`);
-      const exps = await explain({ target, netns: opts.netns, watchSeconds, probe: opts.probe });
+      const exps = await explain({
+        target,
+        netns: opts.netns,
+        watchSeconds,
+        probe: opts.probe,
+        kubeconfig: opts.kubeconfig,
+        onWarning: (w) => process.stderr.write(`svctrace: warning: ${w}\n`),
+      });
       if (opts.output === 'json') {
         process.stdout.write(JSON.stringify(exps, (_k, v) => (v instanceof Set ? [...v] : v), 2) + '\n');
       } else {

@@ -2,6 +2,7 @@ import fs from 'node:fs';
 import { Command } from 'commander';
 import { SvctraceError } from '../../errors';
 import { FlowTracer } from '../../tracer/flow-tracer';
+import { Cluster } from '../../k8s/cluster';
 import { CURRENT_NETNS } from '../../tracer/netns';
 import { waitForStop } from '../../tracer/session';
 import { DEFAULT_LISTEN, StreamServer } from '../../stream/server';
@@ -72,7 +73,9 @@ export function registerServe(program: Command): void {
       const tls = opts.tlsCert && opts.tlsKey ? { cert: readFileOpt(opts.tlsCert, 'certificate'), key: readFileOpt(opts.tlsKey, 'key') } : undefined;
       let server: StreamServer | undefined;
       let live: LiveDiagnoser | undefined;
+      const cluster = await Cluster.start({ kubeconfig: opts.kubeconfig, onWarning: (w) => process.stderr.write(`svctrace: warning: ${w}\n`) });
       const tracer = FlowTracer.start({
+        cluster,
         services,
         netns: opts.netns.length ? opts.netns : [CURRENT_NETNS],
         allPackets: !!opts.allPackets,
@@ -98,6 +101,7 @@ export function registerServe(program: Command): void {
       live.stop();
       await server.close();
       const { summary, stats } = await tracer.stop();
+      await cluster?.stop();
       process.stderr.write(formatSummary(summary, stats, (a) => tracer.backendName(a)) + '\n');
     });
 }

@@ -2,6 +2,7 @@ import { Command } from 'commander';
 import { FlowTextPrinter, formatSummary } from '../../output/flow-text';
 import { eventToJson } from '../../flows/to-proto';
 import { FlowTracer } from '../../tracer/flow-tracer';
+import { Cluster } from '../../k8s/cluster';
 import { waitForStop } from '../../tracer/session';
 import { CURRENT_NETNS, resolveNetns } from '../../tracer/netns';
 import { discover } from '../../discovery/discover';
@@ -29,7 +30,9 @@ export function registerTrace(program: Command): void {
       const write = (s: string) => process.stdout.write(s);
       let printer: FlowTextPrinter | undefined;
       let live: LiveDiagnoser | undefined;
+      const cluster = await Cluster.start({ kubeconfig: opts.kubeconfig, onWarning: (w) => process.stderr.write(`svctrace: warning: ${w}\n`) });
       const tracer = FlowTracer.start({
+        cluster,
         services,
         netns: opts.netns.length ? opts.netns : [CURRENT_NETNS],
         snaplen,
@@ -55,6 +58,7 @@ export function registerTrace(program: Command): void {
       await waitForStop(duration);
       live?.stop();
       const { summary, stats } = await tracer.stop();
+      await cluster?.stop();
       process.stderr.write(formatSummary(summary, stats, (a) => tracer.backendName(a)) + '\n');
     });
 }
