@@ -33,9 +33,15 @@ export async function discover(netnsPath: string = CURRENT_NETNS): Promise<Disco
   }
   if (ipt.code === 0) {
     const d = parseIptablesSave(ipt.stdout);
-    if (d.mode !== 'none') return { ...d, warnings: [...warnings, ...d.warnings] };
+    if (d.mode !== 'none') return { ...d, backend: /nf_tables/.test(ipt.stdout) || !/legacy/.test(ipt.stdout) ? 'nft' : 'legacy', warnings: [...warnings, ...d.warnings] };
   } else {
     warnings.push(`iptables-save: ${ipt.stderr.trim() || `exit ${ipt.code}`}`);
+  }
+  // Rules kube-proxy wrote with iptables-legacy are invisible to iptables-nft.
+  const legacy = await runInNetns(netnsPath, ['iptables-legacy-save']);
+  if (legacy.code === 0) {
+    const d = parseIptablesSave(legacy.stdout);
+    if (d.mode !== 'none') return { ...d, backend: 'legacy', warnings: [...warnings, ...d.warnings] };
   }
   return { mode: 'none', services: [], masqueradeRule: false, warnings };
 }

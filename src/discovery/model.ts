@@ -35,6 +35,8 @@ export interface DiscoveredService {
 
 export interface Discovery {
   mode: 'iptables' | 'nftables' | 'ipvs' | 'none';
+  /** iptables mode: whether the rules live in nf_tables (iptables-nft) or in the legacy x_tables. */
+  backend?: 'nft' | 'legacy';
   services: DiscoveredService[];
   /** Whether the MASQUERADE rule for marked packets is present. */
   masqueradeRule: boolean;

@@ -230,6 +230,16 @@ export class FlowTable {
     return out;
   }
 
+  /**
+   * A rule path known without tracing (iptables-legacy rules are not
+   * nftables rules): inferred from the DNAT target and the node's rules.
+   */
+  inferRulePath(f: Flow, path: string[], why: string): Ingested | undefined {
+    if (f.rulePath.length || !path.length) return undefined;
+    f.rulePath = path;
+    return this.ruleEvent(f, f.lastTsNs, `kube-proxy rules (inferred from the DNAT target; ${why}): ${path.join(' -> ')}`, path);
+  }
+
   private attachRuleTrace(f: Flow, group: RuleTrace[]): Ingested | undefined {
     if (f.rulePath.length) return undefined; // only the first packet's path
     const path: string[] = [];
@@ -254,7 +264,10 @@ export class FlowTable {
     if (!path.length) return undefined;
     f.rulePath = path;
     const summary = `kube-proxy rules taken (observed, nftables trace, table ${table}): ${path.join(' -> ')}${masq ? ' (marked for masquerade)' : ''}`;
-    const tsNs = group[0]!.tsNs;
+    return this.ruleEvent(f, group[0]!.tsNs, summary, path);
+  }
+
+  private ruleEvent(f: Flow, tsNs: bigint, summary: string, path: string[]): Ingested {
     const entry: TimelineEntry = { tsNs, stage: Stage.STAGE_DNAT, summary, milestone: true, label: 'rules' };
     if (f.timeline.length < this.opts.maxTimeline) f.timeline.push(entry);
     const event: pb.IEvent = {

@@ -64,8 +64,8 @@ export interface LabOptions {
   services?: KubeService[];
   /** Add a second node joined by VXLAN, with one pod behind it (default false). */
   remoteNode?: boolean;
-  /** kube-proxy mode the rules are written in (default iptables, via iptables-nft). */
-  proxyMode?: 'iptables' | 'nftables';
+  /** kube-proxy mode the rules are written in (default iptables, via iptables-nft; iptables-legacy for old nodes). */
+  proxyMode?: 'iptables' | 'nftables' | 'iptables-legacy';
 }
 
 export const POD_HTTP_PORT = 8080;
@@ -301,7 +301,7 @@ export class Lab {
     this.remotePod = pod;
   }
 
-  proxyMode: 'iptables' | 'nftables' = 'iptables';
+  proxyMode: 'iptables' | 'nftables' | 'iptables-legacy' = 'iptables';
 
   /** (Re)loads the kube-proxy rules into the node namespace, in the lab's proxy mode. */
   async loadRules(opts: { masquerade: boolean }): Promise<void> {
@@ -313,7 +313,7 @@ export class Lab {
     const text =
       renderNatTable(this.services, { clusterCIDR: LAB_ADDR.podCIDR, masquerade: opts.masquerade }) +
       renderFilterTable(this.services);
-    await runIn(this.nodeNetns, ['iptables-restore'], { input: text });
+    await runIn(this.nodeNetns, [this.proxyMode === 'iptables-legacy' ? 'iptables-legacy-restore' : 'iptables-restore'], { input: text });
   }
 
   private startServer(pod: LabPod): Promise<void> {

@@ -12,6 +12,7 @@ import { ServiceSpec } from '../net/ipv4';
 import type { HubSource } from '../stream/hub';
 import type { svctrace } from '../gen/svctrace';
 import type { Cluster } from '../k8s/cluster';
+import type { Discovery } from '../discovery/model';
 import { PROTO_NAMES } from '../events/conntrack';
 import { TraceSession } from './session';
 import { RuleMarker } from './rule-marker';
@@ -45,6 +46,8 @@ export interface FlowTracerOptions {
   onWarning?: (message: string) => void;
   /** Names from the Kubernetes API for events (service_name, backend_pod). */
   cluster?: Cluster | null;
+  /** The node's kube-proxy rules: with iptables-legacy, rule paths are inferred from them. */
+  discovery?: Discovery;
 }
 
 /** State the event callback fills before the FlowTracer object exists. */
@@ -53,6 +56,21 @@ interface Shared {
   backendNetns: Map<string, string>;
   /** Flows changed since the last flow update was taken. */
   changed: Map<number, Flow>;
+}
+
+/** Rule paths inferred from the DNAT target, for flows that just got theirs. */
+function inferRulePaths(table: FlowTable, d: Discovery, items: Ingested[]): Ingested[] {
+  const out: Ingested[] = [];
+  for (const { flow } of items) {
+    if (!flow.dnat || flow.rulePath.length) continue;
+    const svc = d.services.find((s) => s.clusterIP === flow.orig.daddr && s.port === flow.orig.dport) ?? d.services.find((s) => s.nodePorts.includes(flow.orig.dport));
+    const ep = svc?.endpoints.find((e) => e.ip === flow.reply.saddr && e.port === flow.reply.sport);
+    if (!svc || !ep) continue;
+    const head = svc.nodePorts.includes(flow.orig.dport) && svc.clusterIP !== flow.orig.daddr ? ['KUBE-SERVICES', 'KUBE-NODEPORTS'] : ['KUBE-SERVICES'];
+    const r = table.inferRulePath(flow, [...head, svc.chain, ep.chain], 'iptables-legacy rules cannot be traced');
+    if (r) out.push(r);
+  }
+  return out;
 }
 
 /** Names an event from the API: the Service's name and the backend pod. */
@@ -90,6 +108,8 @@ export class FlowTracer {
       maxFlows: opts.maxFlows,
     });
     const shared: Shared = { backendNetns: new Map(), changed: new Map() };
+    // iptables-legacy rules are not nftables rules: tracing cannot see them.
+    const inferFrom = opts.ruleTrace !== false && opts.discovery?.backend === 'legacy' ? opts.discovery : undefined;
     const session = TraceSession.start({
       services: opts.services,
       netns: opts.netns,
@@ -97,6 +117,7 @@ export class FlowTracer {
       allPackets: opts.allPackets,
       onEvents: (events) => {
         const items = table.ingest(events);
+        if (inferFrom) items.push(...inferRulePaths(table, inferFrom, items));
         for (const { flow, event } of items) {
           if (flow.backendNetns && flow.dnat) shared.backendNetns.set(flow.reply.saddr, flow.backendNetns);
           shared.changed.set(flow.id, flow);
@@ -107,7 +128,7 @@ export class FlowTracer {
     });
     for (const a of session.tracer.attached) names.remember(a.netnsIno, a.path.startsWith('/run/netns/') ? a.path.slice('/run/netns/'.length) : a.path);
     let marker: RuleMarker | undefined;
-    if (opts.ruleTrace !== false) {
+    if (opts.ruleTrace !== false && !inferFrom) {
       marker = new RuleMarker();
       try {
         for (const a of session.tracer.attached) {

@@ -86,6 +86,36 @@ for (const mode of ['iptables', 'nftables'] as const) {
   });
 }
 
+describe('iptables-legacy rules: found, and the rule path inferred (kernel)', () => {
+  let lab: Lab;
+  before(async () => {
+    if (IS_ROOT) lab = await Lab.up({ proxyMode: 'iptables-legacy' });
+  });
+  after(async () => {
+    await lab?.down();
+  });
+
+  kernelTest('explain reads legacy rules; trace infers the chains from the DNAT target and says so', async () => {
+    const e = await explain({ target: 'default/web', netns: lab.nodeNetns });
+    assert.equal(e[0]!.service!.endpoints.length, 3);
+    const t = spawn(process.execPath, [CLI, 'trace', '--netns', lab.nodeNetns, '--service', 'default/web', '-o', 'json', '--duration', '3'], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    let err = '';
+    t.stdout!.on('data', (d) => (out += d));
+    t.stderr!.on('data', (d) => (err += d));
+    const exited = new Promise((r) => t.once('exit', r));
+    assert.ok(await waitFor(() => err.includes('Ctrl-C to stop'), 10_000), err);
+    assert.ok((await lab.curl('http://10.96.0.100/')).ok);
+    assert.equal(await exited, 0, err);
+    const pod = lab.pods.find((p) => p.name === lab.served.at(-1)!.pod)!;
+    const rule = out.trim().split('\n').map((l) => JSON.parse(l) as { kind?: string; rulePath?: string[]; summary?: string }).find((x) => x.kind === 'EVENT_KIND_RULE_TRACE');
+    assert.ok(rule, 'no rule path event');
+    const svc = e[0]!.service!;
+    assert.deepEqual(rule.rulePath, ['KUBE-SERVICES', svc.chain, svc.endpoints.find((x) => x.ip === pod.ip)!.chain]);
+    assert.match(rule.summary!, /inferred from the DNAT target/);
+  });
+});
+
 describe('diagnoses of faults created in the lab (kernel)', () => {
   let lab: Lab;
   before(async () => {

@@ -9,7 +9,7 @@ import { DEFAULT_LISTEN, StreamServer } from '../../stream/server';
 import { dashboardHandler } from '../../stream/static';
 import { formatSummary } from '../../output/flow-text';
 import { discover } from '../../discovery/discover';
-import { DiscoveredService, findByAddress } from '../../discovery/model';
+import { DiscoveredService, Discovery, findByAddress } from '../../discovery/model';
 import { LiveDiagnoser } from '../../explain/live';
 import { resolveNetns } from '../../tracer/netns';
 import { ServiceSpec } from '../../net/ipv4';
@@ -36,8 +36,7 @@ function readFileOpt(path: string, what: string): Buffer {
 }
 
 /** The rules' view of the traced services, for the dashboard's expected distribution; empty when none are found. */
-async function rulesFor(services: ServiceSpec[], netns: string | undefined): Promise<{ rules: svctrace.v1.IServiceRules[]; found: DiscoveredService[]; masqueradeRule: boolean }> {
-  const d = await discover(netns ? resolveNetns(netns) : CURRENT_NETNS);
+function rulesFor(services: ServiceSpec[], d: Discovery): { rules: svctrace.v1.IServiceRules[]; found: DiscoveredService[]; masqueradeRule: boolean } {
   const out: svctrace.v1.IServiceRules[] = [];
   const found: DiscoveredService[] = [];
   for (const spec of services) {
@@ -73,9 +72,11 @@ export function registerServe(program: Command): void {
       const tls = opts.tlsCert && opts.tlsKey ? { cert: readFileOpt(opts.tlsCert, 'certificate'), key: readFileOpt(opts.tlsKey, 'key') } : undefined;
       let server: StreamServer | undefined;
       let live: LiveDiagnoser | undefined;
+      const discovery = await discover(opts.netns.length ? resolveNetns(opts.netns[0]!) : CURRENT_NETNS);
       const cluster = await Cluster.start({ kubeconfig: opts.kubeconfig, onWarning: (w) => process.stderr.write(`svctrace: warning: ${w}\n`) });
       const tracer = FlowTracer.start({
         cluster,
+        discovery,
         services,
         netns: opts.netns.length ? opts.netns : [CURRENT_NETNS],
         allPackets: !!opts.allPackets,
@@ -86,7 +87,7 @@ export function registerServe(program: Command): void {
         },
       });
       const source = tracer.hubSource();
-      const rules = await rulesFor(services, opts.netns[0]);
+      const rules = rulesFor(services, discovery);
       source.rules = rules.rules;
       try {
         server = await StreamServer.start(source, { listen: opts.listen, token, tls, allowOrigins: opts.allowOrigin, staticHandler: dashboardHandler() });

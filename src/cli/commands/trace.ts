@@ -30,9 +30,11 @@ export function registerTrace(program: Command): void {
       const write = (s: string) => process.stdout.write(s);
       let printer: FlowTextPrinter | undefined;
       let live: LiveDiagnoser | undefined;
+      const discovery = await discover(opts.netns.length ? resolveNetns(opts.netns[0]!) : CURRENT_NETNS);
       const cluster = await Cluster.start({ kubeconfig: opts.kubeconfig, onWarning: (w) => process.stderr.write(`svctrace: warning: ${w}\n`) });
       const tracer = FlowTracer.start({
         cluster,
+        discovery,
         services,
         netns: opts.netns.length ? opts.netns : [CURRENT_NETNS],
         snaplen,
@@ -50,7 +52,7 @@ export function registerTrace(program: Command): void {
       printer = new FlowTextPrinter(write, useColor(), (a) => tracer.backendName(a));
       if (opts.output === 'text') {
         // Classic failures seen live, next to the timelines (needs the rules of the services).
-        const d = await discover(opts.netns.length ? resolveNetns(opts.netns[0]!) : CURRENT_NETNS);
+        const d = discovery;
         const found = services.map((sv) => (sv.address ? findByAddress(d, sv.address, sv.port, sv.proto) : undefined)).filter((x): x is DiscoveredService => !!x);
         live = new LiveDiagnoser(found, (ds) => write(ds.map((x) => `[diagnosis] [${x.severity.toUpperCase()}] ${x.code} ${x.service}: ${x.summary}\n`).join('')), 5000, d.masqueradeRule);
       }
