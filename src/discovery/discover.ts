@@ -8,6 +8,7 @@ import { execFile } from 'node:child_process';
 import { CURRENT_NETNS } from '../tracer/netns';
 import { parseIptablesSave } from './iptables';
 import { parseNftKubeProxy } from './nftables';
+import { parseIpvsadm } from './ipvs';
 import { Discovery } from './model';
 
 export function runInNetns(netnsPath: string, argv: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
@@ -26,6 +27,12 @@ export async function discover(netnsPath: string = CURRENT_NETNS): Promise<Disco
     runInNetns(netnsPath, ['iptables-save']),
   ]);
   const warnings: string[] = [];
+  // IPVS mode: kube-proxy keeps iptables rules too, but the balancing is IPVS's.
+  const ipvs = await runInNetns(netnsPath, ['ipvsadm', '-Ln']);
+  if (ipvs.code === 0) {
+    const d = parseIpvsadm(ipvs.stdout);
+    if (d.services.length) return d;
+  }
   if (nft.code === 0) {
     const d = parseNftKubeProxy(nft.stdout);
     if (d.services.length) return d;

@@ -122,7 +122,10 @@ export function formatExplanation(e: Explanation): string {
     L.push(`${e.target}: not a Service on this node (kube-proxy mode: ${e.mode}, namespace ${e.netns})`);
   } else {
     L.push(`${s.name}  ${s.clusterIP}:${s.port}/${s.proto}  (kube-proxy ${s.source} mode, namespace ${e.netns})`);
-    const chainPath = s.source === 'iptables' ? `KUBE-SERVICES -> ${s.chain || '(none)'} -> KUBE-SEP-*` : `services -> @service-ips -> ${s.chain || '(none)'} -> endpoint-*`;
+    const chainPath =
+      s.source === 'iptables' ? `KUBE-SERVICES -> ${s.chain || '(none)'} -> KUBE-SEP-*`
+      : s.source === 'ipvs' ? `IPVS virtual service ${s.clusterIP}:${s.port} (${s.chain.replace('ipvs ', 'scheduler ')}) -> real servers`
+      : `services -> @service-ips -> ${s.chain || '(none)'} -> endpoint-*`;
     L.push(`  rules: ${chainPath}`);
     L.push(`  masquerade: ${s.masqueradeUnless ? `connections from outside ${s.masqueradeUnless} to the ClusterIP are masqueraded` : 'ClusterIP traffic is not masqueraded'}`);
     L.push(`  NodePorts: ${s.nodePorts.length ? `${s.nodePorts.join(', ')}${s.nodePortMasquerade ? ' (masqueraded: pods see the node, not the client)' : ' (client address kept)'}` : 'none'}`);

@@ -8,7 +8,8 @@ import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { parseIptablesSave, splitRule } from '../../src/discovery/iptables';
 import { parseNftKubeProxy } from '../../src/discovery/nftables';
-import { findByName } from '../../src/discovery/model';
+import { findByName, findByAddress } from '../../src/discovery/model';
+import { parseIpvsadm } from '../../src/discovery/ipvs';
 import { KubeService, renderFilterTable, renderNatTable, renderNftKubeProxy } from '../../src/lab/kube-rules';
 
 const eps = [10, 11, 12].map((h) => ({ ip: `10.244.1.${h}`, port: 8080 }));
@@ -69,5 +70,28 @@ describe('nftables discovery', () => {
     assert.deepEqual(web.nodePorts, [30080]);
     assert.equal(web.nodePortMasquerade, true);
     assert.equal(findByName(d, 'default/empty')[0]!.rejects, true);
+  });
+});
+
+describe('IPVS discovery (ipvsadm -Ln)', () => {
+  it('reads virtual services, real servers and weights', () => {
+    const text = `IP Virtual Server version 1.2.1 (size=4096)
+Prot LocalAddress:Port Scheduler Flags
+  -> RemoteAddress:Port           Forward Weight ActiveConn InActConn
+TCP  10.96.0.100:80 rr
+  -> 10.244.1.10:8080             Masq    1      0          0
+  -> 10.244.1.11:8080             Masq    1      3          1
+  -> 10.244.1.12:8080             Masq    2      0          0
+UDP  10.96.0.10:53 rr persistent 10800
+  -> 10.244.1.10:5353             Masq    1      0          4
+`;
+    const d = parseIpvsadm(text);
+    assert.equal(d.mode, 'ipvs');
+    const web = findByAddress(d, '10.96.0.100', 80, 'tcp')!;
+    assert.deepEqual(web.endpoints.map((e) => e.probability), [0.25, 0.25, 0.5]);
+    assert.equal(web.chain, 'ipvs rr');
+    const dns = findByAddress(d, '10.96.0.10', 53, 'udp')!;
+    assert.equal(dns.affinitySeconds, 10800);
+    assert.equal(dns.endpoints[0]!.probability, 1);
   });
 });
