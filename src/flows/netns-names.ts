@@ -9,6 +9,8 @@ import { NETNS_RUN_DIR } from '../tracer/netns';
 
 export class NetnsNames {
   private byInode = new Map<number, string>();
+  /** Names a namespace /run/netns does not know (e.g. a pod's, from the API); tried on a miss. */
+  fallback?: (inode: number) => string | undefined;
   private lastScan = 0;
   private readonly minRescanMs: number;
   private readonly dirs: string[];
@@ -52,7 +54,11 @@ export class NetnsNames {
     if (hit !== undefined) return hit;
     if (Date.now() - this.lastScan >= this.minRescanMs) {
       this.scan();
-      return this.byInode.get(inode);
+      const again = this.byInode.get(inode);
+      if (again !== undefined) return again;
+      const fb = this.fallback?.(inode);
+      if (fb) this.byInode.set(inode, fb);
+      return fb;
     }
     return undefined;
   }

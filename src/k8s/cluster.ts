@@ -45,7 +45,7 @@ interface ServiceObject extends K8sObject {
 }
 interface SliceObject extends K8sObject {
   addressType?: string;
-  endpoints?: Array<{ addresses: string[]; conditions?: { ready?: boolean; serving?: boolean; terminating?: boolean }; targetRef?: { kind?: string; namespace?: string; name?: string }; nodeName?: string }>;
+  endpoints?: Array<{ addresses: string[]; conditions?: { ready?: boolean; serving?: boolean; terminating?: boolean }; targetRef?: { kind?: string; namespace?: string; name?: string; uid?: string }; nodeName?: string }>;
   ports?: Array<{ name?: string; port?: number; protocol?: string }>;
 }
 
@@ -171,6 +171,16 @@ export class Cluster {
   }
 
   /** Stops watching; never waits more than 2 s for the API to let go. */
+  /** namespace/name of the pod with this UID, from the EndpointSlices' targetRefs. */
+  podByUid(uid: string): string | undefined {
+    for (const sl of this.sliceInformer.list() as SliceObject[]) {
+      for (const ep of sl.endpoints ?? []) {
+        if (ep.targetRef?.uid === uid) return `${ep.targetRef.namespace ?? sl.metadata?.namespace}/${ep.targetRef.name}`;
+      }
+    }
+    return undefined;
+  }
+
   async stop(): Promise<void> {
     this.onStop();
     let timer: NodeJS.Timeout | undefined;

@@ -12,6 +12,7 @@ import { ServiceSpec } from '../net/ipv4';
 import type { HubSource } from '../stream/hub';
 import type { svctrace } from '../gen/svctrace';
 import type { Cluster } from '../k8s/cluster';
+import { podUidsByNetns } from '../k8s/pod-netns';
 import type { Discovery } from '../discovery/model';
 import { PROTO_NAMES } from '../events/conntrack';
 import { TraceSession } from './session';
@@ -100,6 +101,15 @@ export class FlowTracer {
 
   static start(opts: FlowTracerOptions): FlowTracer {
     const names = new NetnsNames();
+    if (opts.cluster) {
+      // On a node: a pod's namespace is named after the pod, via its cgroup's pod UID.
+      const cluster = opts.cluster;
+      names.fallback = (ino) => {
+        const uid = podUidsByNetns().get(ino);
+        const pod = uid ? cluster.podByUid(uid) : undefined;
+        return pod ? `pod ${pod}` : undefined;
+      };
+    }
     const table = new FlowTable({
       services: opts.services,
       dropReasons: loadBinding().dropReasons(),
