@@ -22,6 +22,8 @@ export interface KubeService {
   endpoints: KubeEndpoint[];
   /** sessionAffinity: ClientIP with this timeout (kube-proxy's -m recent rules). */
   affinitySeconds?: number;
+  /** externalTrafficPolicy: Local keeps the client address (no masquerade of NodePort traffic). */
+  externalTrafficPolicy?: 'Cluster' | 'Local';
 }
 
 export const MASQ_MARK = '0x4000/0x4000';
@@ -104,11 +106,11 @@ export function renderNatTable(services: KubeService[], opts: { clusterCIDR: str
     if (s.nodePort) {
       const ext = extChain(s);
       chains.add(ext);
-      rules.push(
-        `-A KUBE-NODEPORTS -p ${p} -m comment --comment "${name}" -m ${p} --dport ${s.nodePort} -j ${ext}`,
-        `-A ${ext} -m comment --comment "masquerade traffic for ${name} external destinations" -j KUBE-MARK-MASQ`,
-        `-A ${ext} -j ${svc}`,
-      );
+      rules.push(`-A KUBE-NODEPORTS -p ${p} -m comment --comment "${name}" -m ${p} --dport ${s.nodePort} -j ${ext}`);
+      if (s.externalTrafficPolicy !== 'Local') {
+        rules.push(`-A ${ext} -m comment --comment "masquerade traffic for ${name} external destinations" -j KUBE-MARK-MASQ`);
+      }
+      rules.push(`-A ${ext} -j ${svc}`);
     }
     if (s.affinitySeconds) {
       // Affinity: a client seen recently goes back to the same endpoint.

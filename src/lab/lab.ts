@@ -393,6 +393,12 @@ export class Lab {
     await runIn(pod.netns, ['iptables', '-A', 'OUTPUT', '-j', 'DROP']);
   }
 
+  /** Re-renders the rules with a service's externalTrafficPolicy. */
+  async setExternalTrafficPolicy(service: string, policy: 'Cluster' | 'Local'): Promise<void> {
+    this.service(service).externalTrafficPolicy = policy;
+    await this.loadRules({ masquerade: true });
+  }
+
   /** Re-renders the rules with sessionAffinity: ClientIP for a service. */
   async setAffinity(service: string, seconds: number | undefined): Promise<void> {
     this.service(service).affinitySeconds = seconds;

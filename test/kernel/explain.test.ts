@@ -147,6 +147,7 @@ describe('diagnoses of faults created in the lab (kernel)', () => {
     const short = await watchShort;
     assert.ok(!codes(short).includes('CONNECTION_REUSE'));
     assert.ok(!codes(short).includes('BACKEND_NOT_LISTENING'));
+    assert.ok(!codes(short).includes('REPLY_PATH_BROKEN'));
     assert.equal(short[0]!.observed!.flows, 12);
   });
 
@@ -156,15 +157,25 @@ describe('diagnoses of faults created in the lab (kernel)', () => {
     const e = await explain({ target: 'default/web', netns: lab.nodeNetns });
     assert.ok(codes(e).includes('SESSION_AFFINITY'));
     assert.equal(e[0]!.service!.affinitySeconds, 10800);
-    // And it works in the kernel: every new connection from the node goes to the same pod.
+    // And it works in the kernel: every new connection from the node goes to
+    // the same pod — an uneven distribution that --watch attributes to affinity.
     const served = lab.served.length;
-    for (let i = 0; i < 6; i++) assert.ok((await lab.curl('http://10.96.0.100/')).ok);
+    const w = explain({ target: 'default/web', netns: lab.nodeNetns, watchSeconds: 3.5 });
+    await sleep(700);
+    for (let i = 0; i < 18; i++) assert.ok((await lab.curl('http://10.96.0.100/')).ok);
     assert.equal(new Set(lab.served.slice(served).map((s) => s.pod)).size, 1);
+    const skew = (await w)[0]!.diagnoses.find((d) => d.code === 'SKEWED_DISTRIBUTION');
+    assert.ok(skew, 'uneven distribution diagnosed');
+    assert.equal(skew.severity, 'info');
+    assert.match(skew.summary, /sessionAffinity: ClientIP/);
     await lab.setAffinity('web', undefined);
   });
 
   kernelTest('masquerade rule missing / client IP hidden', async () => {
     assert.ok(codes(await explain({ target: 'default/web', netns: lab.nodeNetns })).includes('CLIENT_IP_HIDDEN'));
+    await lab.setExternalTrafficPolicy('web', 'Local');
+    assert.ok(!codes(await explain({ target: 'default/web', netns: lab.nodeNetns })).includes('CLIENT_IP_HIDDEN'), 'externalTrafficPolicy: Local keeps the client address');
+    await lab.setExternalTrafficPolicy('web', 'Cluster');
     assert.ok(!codes(await explain({ target: 'default/web', netns: lab.nodeNetns })).includes('MASQUERADE_RULE_MISSING'));
     await lab.setMasquerade(false);
     assert.ok(codes(await explain({ target: 'default/web', netns: lab.nodeNetns })).includes('MASQUERADE_RULE_MISSING'));
