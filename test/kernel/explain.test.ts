@@ -71,6 +71,10 @@ for (const mode of ['iptables', 'nftables'] as const) {
       // The marking table svctrace added is gone after exit.
       const tables = (await runIn(lab.nodeNetns, ['nft', 'list', 'tables'])).stdout;
       assert.doesNotMatch(tables, /svctrace_/);
+      // --all-services: every ClusterIP found in the rules.
+      const all = cli(['trace', '--netns', lab.nodeNetns, '--all-services', '--duration', '1']);
+      assert.equal(all.status, 0, all.stderr);
+      for (const name of ['default/web:http', 'kube-system/kube-dns:dns', 'default/closed:http']) assert.ok(all.stderr.includes(name), `${name} in: ${all.stderr}`);
       const bad = cli(['trace', '--netns', lab.nodeNetns, '--service', 'default/nope', '--duration', '1']);
       assert.equal(bad.status, 2);
       assert.match(bad.stderr, /no Service 'default\/nope'/);

@@ -1,21 +1,16 @@
 import fs from 'node:fs';
 import { Command } from 'commander';
 import { SvctraceError } from '../../errors';
-import { FlowTracer } from '../../tracer/flow-tracer';
-import { Cluster } from '../../k8s/cluster';
-import { CURRENT_NETNS } from '../../tracer/netns';
 import { waitForStop } from '../../tracer/session';
 import { DEFAULT_LISTEN, StreamServer } from '../../stream/server';
 import { dashboardHandler } from '../../stream/static';
 import { formatSummary } from '../../output/flow-text';
-import { discover } from '../../discovery/discover';
 import { DiscoveredService, Discovery, findByAddress } from '../../discovery/model';
 import { LiveDiagnoser } from '../../explain/live';
-import { resolveNetns } from '../../tracer/netns';
 import { ServiceSpec } from '../../net/ipv4';
 import { serviceLabel } from '../../flows/flow-table';
 import type { svctrace } from '../../gen/svctrace';
-import { addSelectionOptions, collect, parseDuration, readToken, SelectionOptions, servicesFrom } from '../options';
+import { addSelectionOptions, collect, parseDuration, readToken, SelectionOptions, servicesFrom, startTracing } from '../options';
 
 interface ServeCliOptions extends SelectionOptions {
   listen: string;
@@ -72,15 +67,7 @@ export function registerServe(program: Command): void {
       const tls = opts.tlsCert && opts.tlsKey ? { cert: readFileOpt(opts.tlsCert, 'certificate'), key: readFileOpt(opts.tlsKey, 'key') } : undefined;
       let server: StreamServer | undefined;
       let live: LiveDiagnoser | undefined;
-      const discovery = await discover(opts.netns.length ? resolveNetns(opts.netns[0]!) : CURRENT_NETNS);
-      const cluster = await Cluster.start({ kubeconfig: opts.kubeconfig, onWarning: (w) => process.stderr.write(`svctrace: warning: ${w}\n`) });
-      const tracer = FlowTracer.start({
-        cluster,
-        discovery,
-        services,
-        netns: opts.netns.length ? opts.netns : [CURRENT_NETNS],
-        allPackets: !!opts.allPackets,
-        onWarning: (w) => process.stderr.write(`svctrace: warning: ${w}\n`),
+      const { tracer, discovery, cluster } = await startTracing(opts, services, {
         onIngested: (items) => {
           server?.publish(items.map((i) => i.event));
           live?.observe(items);

@@ -1,16 +1,12 @@
 import { Command } from 'commander';
 import { FlowTextPrinter, formatSummary } from '../../output/flow-text';
 import { eventToJson } from '../../flows/to-proto';
-import { FlowTracer } from '../../tracer/flow-tracer';
-import { Cluster } from '../../k8s/cluster';
 import { waitForStop } from '../../tracer/session';
-import { CURRENT_NETNS, resolveNetns } from '../../tracer/netns';
-import { discover } from '../../discovery/discover';
 import { DiscoveredService, findByAddress } from '../../discovery/model';
 import { LiveDiagnoser } from '../../explain/live';
 import { SvctraceError } from '../../errors';
 import { MAX_SNAPLEN } from '../../events/layout';
-import { addSelectionOptions, parseDuration, SelectionOptions, servicesFrom } from '../options';
+import { addSelectionOptions, parseDuration, SelectionOptions, servicesFrom, startTracing } from '../options';
 
 function useColor(): boolean {
   return !!process.stdout.isTTY && !process.env.NO_COLOR;
@@ -30,16 +26,8 @@ export function registerTrace(program: Command): void {
       const write = (s: string) => process.stdout.write(s);
       let printer: FlowTextPrinter | undefined;
       let live: LiveDiagnoser | undefined;
-      const discovery = await discover(opts.netns.length ? resolveNetns(opts.netns[0]!) : CURRENT_NETNS);
-      const cluster = await Cluster.start({ kubeconfig: opts.kubeconfig, onWarning: (w) => process.stderr.write(`svctrace: warning: ${w}\n`) });
-      const tracer = FlowTracer.start({
-        cluster,
-        discovery,
-        services,
-        netns: opts.netns.length ? opts.netns : [CURRENT_NETNS],
+      const { tracer, discovery, cluster } = await startTracing(opts, services, {
         snaplen,
-        allPackets: !!opts.allPackets,
-        onWarning: (w) => process.stderr.write(`svctrace: warning: ${w}\n`),
         onIngested: (items) => {
           if (opts.output === 'json') {
             if (items.length) write(items.map((i) => eventToJson(i.event)).join('\n') + '\n');
