@@ -8,13 +8,12 @@
  * (namespace, original tuple). A kernel address can be reused after the
  * entry dies, so a NEW entry at a known address starts a new flow.
  */
-import Long from 'long';
 import { svctrace } from '../gen/svctrace';
 import { KernelEvent, RuleTrace, Tuple } from '../events/decode';
 import { Dir, EventKind, NfStage } from '../events/layout';
 import { ctStatusNames, IPS_CONFIRMED, IPS_DST_NAT, IPS_SRC_NAT, NF_HOOK_NAMES, PROTO_NAMES, TCP_CT_STATES } from '../events/conntrack';
 import { ServiceSpec } from '../net/ipv4';
-import { toProtoEvent } from './to-proto';
+import { longFromBigint, toProtoEvent } from './to-proto';
 
 import pb = svctrace.v1;
 const Stage = pb.Stage;
@@ -95,6 +94,10 @@ export interface FlowSummary {
   perBackend: Record<string, number>;
   dropsByReason: Record<string, number>;
   resets: number;
+}
+
+function sameTuple(a: Tuple, b: Tuple): boolean {
+  return a.sport === b.sport && a.dport === b.dport && a.saddr === b.saddr && a.daddr === b.daddr && a.proto === b.proto;
 }
 
 export function tupleKey(t: Tuple): string {
@@ -271,7 +274,7 @@ export class FlowTable {
     const entry: TimelineEntry = { tsNs, stage: Stage.STAGE_DNAT, summary, milestone: true, label: 'rules' };
     if (f.timeline.length < this.opts.maxTimeline) f.timeline.push(entry);
     const event: pb.IEvent = {
-      tsNs: Long.fromBits(Number(tsNs & 0xffffffffn), Number(tsNs >> 32n), true),
+      tsNs: longFromBigint(tsNs),
       kind: pb.EventKind.EVENT_KIND_RULE_TRACE,
       flowId: f.id,
       service: f.service,
@@ -304,7 +307,7 @@ export class FlowTable {
       const key = `ct:${e.ctId}`;
       const f = this.byKey.get(key);
       const isNewEntry = e.kind === EventKind.NF && !(e.ctStatus & IPS_CONFIRMED);
-      const sameEntry = f && (e.ctOrig.proto === 0 || tupleKey(e.ctOrig) === tupleKey(f.orig));
+      const sameEntry = f && (e.ctOrig.proto === 0 || sameTuple(e.ctOrig, f.orig));
       if (f && sameEntry && !(f.closed && isNewEntry)) return f;
       if (f) this.remove(f); // the address was reused by a new entry
       if (e.kind !== EventKind.NF && e.kind !== EventKind.DROP) return undefined; // nothing to anchor a new flow on
@@ -555,8 +558,8 @@ export function flowToProto(f: Flow): pb.IFlow {
     bytesOriginal: f.bytes[0],
     packetsReply: f.packets[1],
     bytesReply: f.bytes[1],
-    firstTsNs: Long.fromString(f.firstTsNs.toString(), true),
-    lastTsNs: Long.fromString(f.lastTsNs.toString(), true),
+    firstTsNs: longFromBigint(f.firstTsNs),
+    lastTsNs: longFromBigint(f.lastTsNs),
     closed: f.closed,
     drops: f.drops,
     reset: f.reset,

@@ -19,6 +19,11 @@ const KIND: Record<number, pb.EventKind> = {
   [EventKind.CT_DESTROY]: pb.EventKind.EVENT_KIND_CT_DESTROY,
 };
 
+/** A kernel nanosecond count as a protobuf uint64, exact beyond 2^53. */
+export function longFromBigint(v: bigint): Long {
+  return Long.fromBits(Number(v & 0xffffffffn), Number((v >> 32n) & 0xffffffffn), true);
+}
+
 export function protoTuple(t: Tuple): pb.ITuple {
   return { src: t.saddr, dst: t.daddr, srcPort: t.sport, dstPort: t.dport, protocol: t.proto as pb.Protocol };
 }
@@ -41,7 +46,7 @@ export interface EventContext {
 
 export function toProtoEvent(e: KernelEvent, ctx: EventContext): pb.IEvent {
   const out: pb.IEvent = {
-    tsNs: Long.fromBits(Number(e.tsNs & 0xffffffffn), Number(e.tsNs >> 32n), true), // exact beyond 2^53
+    tsNs: longFromBigint(e.tsNs),
     kind: KIND[e.kind] ?? pb.EventKind.EVENT_KIND_UNSPECIFIED,
     flowId: ctx.flowId,
     service: ctx.service,

@@ -7,6 +7,7 @@
 import os from 'node:os';
 import protobuf from 'protobufjs/minimal';
 import Long from 'long';
+import { longFromBigint } from '../flows/to-proto';
 import { svctrace } from '../gen/svctrace';
 import { SvctraceError } from '../errors';
 import { ServiceSpec } from '../net/ipv4';
@@ -39,7 +40,7 @@ export interface RecordOptions {
 }
 
 function mono(): Long {
-  return Long.fromString(process.hrtime.bigint().toString(), true);
+  return longFromBigint(process.hrtime.bigint());
 }
 
 export async function record(opts: RecordOptions): Promise<pb.IRecordingTrailer> {

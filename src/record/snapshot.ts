@@ -4,30 +4,23 @@
  * IPVS, each taken inside the traced namespace. A command that is missing or
  * fails is recorded as such; it never stops the recording.
  */
-import { execFile } from 'node:child_process';
-import Long from 'long';
+import { longFromBigint } from '../flows/to-proto';
 import { svctrace } from '../gen/svctrace';
 import { ServiceSpec } from '../net/ipv4';
-import { CURRENT_NETNS } from '../tracer/netns';
+import { runInNetns } from '../discovery/discover';
 
 import pb = svctrace.v1;
 
-function runSection(name: string, netnsPath: string, argv: string[]): Promise<pb.ISnapshotSection> {
-  const full = netnsPath === CURRENT_NETNS ? argv : ['nsenter', `--net=${netnsPath}`, '--', ...argv];
-  return new Promise((resolve) => {
-    execFile(full[0]!, full.slice(1), { encoding: 'utf8', timeout: 20_000, maxBuffer: 256 * 1024 * 1024 }, (err, stdout, stderr) => {
-      const code = err ? (typeof err.code === 'number' ? err.code : -1) : 0;
-      const missing = err && (err as NodeJS.ErrnoException).code === 'ENOENT';
-      resolve({
-        name,
-        netns: netnsPath,
-        command: argv.join(' '),
-        output: stdout,
-        exitCode: code,
-        error: missing ? `${full[0]} not installed` : err ? (stderr.trim() || err.message).slice(0, 2000) : '',
-      });
-    });
-  });
+async function runSection(name: string, netnsPath: string, argv: string[]): Promise<pb.ISnapshotSection> {
+  const r = await runInNetns(netnsPath, argv);
+  return {
+    name,
+    netns: netnsPath,
+    command: argv.join(' '),
+    output: r.stdout,
+    exitCode: r.code,
+    error: r.code === 0 ? '' : (r.stderr.trim() || `exit ${r.code}`).slice(0, 2000),
+  };
 }
 
 function conntrackArgs(s: ServiceSpec): string[] {
@@ -49,5 +42,5 @@ export async function takeSnapshot(netnsPaths: string[], services: ServiceSpec[]
     );
     for (const s of services) jobs.push(runSection(`conntrack ${s.text}`, ns, conntrackArgs(s)));
   }
-  return { sections: await Promise.all(jobs), takenMonoNs: Long.fromString(process.hrtime.bigint().toString(), true) };
+  return { sections: await Promise.all(jobs), takenMonoNs: longFromBigint(process.hrtime.bigint()) };
 }

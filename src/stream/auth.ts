@@ -8,7 +8,7 @@
 import crypto from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
 
-export const SUBPROTOCOL = 'svctrace.v1';
+export { SUBPROTOCOL } from '../client/client';
 export const TOKEN_PROTOCOL_PREFIX = 'bearer.';
 
 function equalSecret(a: string, b: string): boolean {

@@ -74,14 +74,23 @@ function inferRulePaths(table: FlowTable, d: Discovery, items: Ingested[]): Inge
   return out;
 }
 
+/** API names per flow, looked up once (not per event): the lookups walk every Service and slice. */
+const apiNames = new WeakMap<Flow, { service?: string; pod?: string; podLooked: boolean }>();
+
 /** Names an event from the API: the Service's name and the backend pod. */
 function nameEvent(cluster: Cluster, f: Flow, e: svctrace.v1.IEvent): void {
-  const at = cluster.serviceAt(f.orig.daddr, f.orig.dport, PROTO_NAMES[f.proto] ?? '');
-  if (at) e.serviceName = `${at.service.namespace}/${at.service.name}:${at.portName}`;
-  if (f.dnat) {
-    const pod = cluster.podAt(f.reply.saddr);
-    if (pod) e.backendPod = pod;
+  let n = apiNames.get(f);
+  if (!n) {
+    const at = cluster.serviceAt(f.orig.daddr, f.orig.dport, PROTO_NAMES[f.proto] ?? '');
+    n = { service: at ? `${at.service.namespace}/${at.service.name}:${at.portName}` : undefined, podLooked: false };
+    apiNames.set(f, n);
   }
+  if (f.dnat && !n.podLooked) {
+    n.pod = cluster.podAt(f.reply.saddr);
+    n.podLooked = true;
+  }
+  if (n.service) e.serviceName = n.service;
+  if (n.pod) e.backendPod = n.pod;
 }
 
 export class FlowTracer {
