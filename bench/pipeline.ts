@@ -51,7 +51,7 @@ async function runStage(stage: Stage, total: number): Promise<StageResult> {
       arrived += count;
       return;
     }
-    const events = decodeBatch(buf);
+    const events = decodeBatch(buf).events;
     if (stage === 'decode') {
       arrived += events.length;
       return;
@@ -80,7 +80,7 @@ async function runStage(stage: Stage, total: number): Promise<StageResult> {
   tracer.close();
   child?.kill();
   await server?.close();
-  return { stage, events: total, seconds, eventsPerSecond: total / seconds, lost: st.ringbufLost + st.readerDropped + hubDropped };
+  return { stage, events: total, seconds, eventsPerSecond: total / seconds, lost: st.ringbufLost + st.readerLostAtClose + hubDropped };
 }
 
 function baseline(total: number): { eventsPerSecond: number; seconds: number; lost: number } {

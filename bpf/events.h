@@ -24,8 +24,15 @@
 #define SVT_MAX_SERVICES 1024
 /* Tracked flows (conntrack entries and their wire tuples) kept at once; LRU. */
 #define SVT_MAX_FLOWS 65536
-/* Ring buffer size in bytes (power of two, multiple of the page size). */
-#define SVT_RINGBUF_BYTES (8 * 1024 * 1024)
+/*
+ * Default ring buffer size in bytes (power of two, multiple of the page
+ * size); the loader can change it (`--ring-buffer`). The ring is the only
+ * buffer between the kernel and a busy user space: the reader stops draining
+ * when JavaScript is behind, and what does not fit is counted by the kernel.
+ */
+#define SVT_RINGBUF_BYTES (64 * 1024 * 1024)
+/* Default interval of the periodic per-flow counter records (ns). */
+#define SVT_STATS_INTERVAL_NS 1000000000ULL
 
 /* What produced an event. */
 enum svt_event_kind {
@@ -36,6 +43,7 @@ enum svt_event_kind {
 	SVT_EV_FIB = 5,        /* fib_table_lookup: the routing decision for it */
 	SVT_EV_CT_DESTROY = 6, /* conntrack netlink DESTROY (written by the addon) */
 	SVT_EV_NFTRACE = 7,    /* an nftables trace message: struct svt_nftrace (written by the addon) */
+	SVT_EV_FLOW_STATS = 8, /* a flow's in-kernel counters: struct svt_flow_stats */
 };
 
 /*
@@ -155,6 +163,58 @@ struct svt_nftrace {
 };
 SVT_STATIC_ASSERT(sizeof(struct svt_nftrace) == 216, "svt_nftrace ABI changed");
 
+/*
+ * Per-flow state the kernel keeps for each tracked conntrack entry (value of
+ * the svt_flow_state map, keyed by the nf_conn address). Packets are counted
+ * here, not reported one by one: the ring buffer carries transitions only.
+ * Counted once per packet, at the hook every packet of the entry crosses
+ * exactly once in its namespace (before DNAT on PRE_ROUTING / LOCAL_OUT),
+ * with skb->len: the same packets and bytes conntrack accounting counts.
+ */
+struct svt_flow_counters {
+	__u64 packets[2];        /* per enum svt_dir */
+	__u64 bytes[2];
+	__u64 drops;             /* packets of the flow the kernel dropped (any reason) */
+	__u64 first_ns;          /* CLOCK_MONOTONIC of the first packet seen */
+	__u64 last_ns;           /* ... and of the last one counted */
+	__u64 last_report_ns;    /* last periodic svt_flow_stats record */
+	struct svt_tuple orig;   /* the entry's original tuple: tells a reused nf_conn address apart */
+	__u32 seen;              /* bit per (hook, NAT stage, direction) already reported */
+	__u32 last_status;       /* conntrack status bits last reported (SVT_CT_STATUS_REPORTED) */
+	__u32 service_id;
+	__u32 netns_ino;
+	__u32 last_drop_reason;
+	__u8 tcp_flags[2];       /* OR of the TCP flags seen, per direction */
+	__u8 last_tcp_state;     /* conntrack TCP state last reported */
+	__u8 _pad;
+};
+SVT_STATIC_ASSERT(sizeof(struct svt_flow_counters) == 104, "svt_flow_counters ABI changed");
+
+/* Why a svt_flow_stats record was written. */
+enum svt_stats_reason {
+	SVT_STATS_PERIODIC = 0, /* the flow is active; counters so far */
+	SVT_STATS_CLOSED = 1,   /* conntrack destroyed the entry: final counters (written by the addon) */
+	SVT_STATS_REUSED = 2,   /* a new entry took the nf_conn address: the old flow's final counters */
+	SVT_STATS_EXPIRED = 3,  /* no packet for a long time, state removed (written by the addon) */
+};
+
+/* Ring-buffer record of kind SVT_EV_FLOW_STATS: a flow's counters. */
+struct svt_flow_stats {
+	__u16 kind;              /* SVT_EV_FLOW_STATS */
+	__u16 size;              /* sizeof(struct svt_flow_stats) */
+	__u32 cpu;
+	__u64 ts_ns;             /* CLOCK_MONOTONIC when written */
+	__u64 ct_id;             /* the flow's nf_conn address, as in svt_event */
+	__u32 reason;            /* enum svt_stats_reason */
+	__u32 _pad;
+	struct svt_flow_counters c;
+};
+SVT_STATIC_ASSERT(sizeof(struct svt_flow_stats) == 136, "svt_flow_stats ABI changed");
+
+/* Conntrack status bits whose change is a transition worth an event:
+ * EXPECTED, SEEN_REPLY, ASSURED, CONFIRMED, SRC_NAT, DST_NAT, DYING. */
+#define SVT_CT_STATUS_REPORTED 0x23fU
+
 /* Key of the svt_services map: a traced ClusterIP/NodePort. */
 struct svt_service_key {
 	__u32 addr;  /* network byte order; 0 = any address (NodePort) */
@@ -169,7 +229,9 @@ enum svt_counter {
 	SVT_CNT_RINGBUF_LOST = 0, /* events lost because the ring buffer was full */
 	SVT_CNT_EVENTS = 1,       /* events written */
 	SVT_CNT_FLOWS = 2,        /* tracked flows started */
-	SVT_CNT_MAX = 4,
+	SVT_CNT_STATE_FULL = 3,   /* flows not counted in the kernel: svt_flow_state was full */
+	SVT_CNT_PACKETS = 4,      /* packets of tracked flows counted in the kernel */
+	SVT_CNT_MAX = 8,
 };
 
 #endif /* SVCTRACE_EVENTS_H */

@@ -10,6 +10,14 @@
  * go into svt_flows, so tracepoints that see the packet without conntrack
  * (inside a pod's namespace, on a tunnel) still recognise it. Packets of
  * other flows cost one hash lookup per hook and emit nothing.
+ *
+ * Flows, not packets: each tracked entry has a svt_flow_state record that
+ * counts its packets and bytes in the kernel. The ring buffer carries the
+ * transitions only — the first packet at each hook and device, conntrack
+ * status and TCP state changes, SYN/RST, ICMP errors, drops (first of each
+ * reason), route decisions — plus a svt_flow_stats record per active flow
+ * every targ_stats_interval_ns. A keep-alive connection of a million
+ * requests costs a bounded number of events.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -35,10 +43,23 @@ volatile __u32 svt_have_nodeports = 0;
  */
 volatile __u64 svt_active_flows = 0;
 
-/* Emit every packet at every hook (record --all-packets) instead of the
- * transitions: first packets, SYN/FIN/RST, unconfirmed or not yet assured
- * entries, plus one event per packet at the counting hook. */
+/* Emit every packet at every hook (--all-packets, for evidence) instead of
+ * the transitions. Counting in svt_flow_state happens either way. */
 const volatile __u32 targ_all_packets = 0;
+
+/* Interval of the periodic svt_flow_stats records of an active flow. */
+const volatile __u64 targ_stats_interval_ns = SVT_STATS_INTERVAL_NS;
+
+/* Per-flow counters and reporting state, keyed by the nf_conn address. Not
+ * LRU: a full map is counted (SVT_CNT_STATE_FULL), never silently evicted;
+ * entries go when conntrack destroys the flow (the addon removes them), when
+ * a new entry reuses the address, or when the addon expires idle ones. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SVT_MAX_FLOWS);
+	__type(key, __u64);
+	__type(value, struct svt_flow_counters);
+} svt_flow_state SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -118,29 +139,102 @@ static __always_inline __u32 *service_of_ct_uncached(struct nf_conn *ct)
 			      BPF_CORE_READ(ct, tuplehash[IP_CT_DIR_ORIGINAL].tuple.dst.protonum));
 }
 
-/* The traced service id of a conntrack entry, 0 when it is not traced. */
-static __always_inline __u32 service_id_of_ct(struct nf_conn *ct)
+/* The traced service id of a conntrack entry whose original tuple is
+ * `orig`, 0 when it is not traced. */
+static __always_inline __u32 service_id_of_ct(struct nf_conn *ct, const struct svt_tuple *orig)
 {
 	__u32 zero = 0, *svc;
 	struct ct_verdict *c = bpf_map_lookup_elem(&svt_ct_cache, &zero);
-	struct nf_conntrack_man src;
 	__u64 key;
 
 	/* nf_conn memory is reused (SLAB_TYPESAFE_BY_RCU): the client address
 	 * and port tell a new entry at an old address apart, and the selection's
 	 * generation keeps a cached "not traced" from outliving a change of it. */
-	if (bpf_core_read(&src, sizeof(src), &ct->tuplehash[IP_CT_DIR_ORIGINAL].tuple.src))
-		return 0;
-	key = (__u64)ct ^ ((__u64)src.u3.ip << 16) ^ ((__u64)src.u.all << 48) ^ ((__u64)svt_services_gen << 56);
+	key = (__u64)ct ^ ((__u64)orig->saddr << 16) ^ ((__u64)orig->sport << 48) ^ ((__u64)svt_services_gen << 56);
 
 	if (c && c->ct == key)
 		return c->service_id;
-	svc = service_of_ct_uncached(ct);
+	svc = service_lookup(orig->daddr, orig->dport, orig->proto);
 	if (c) {
 		c->ct = key;
 		c->service_id = svc ? *svc : 0;
 	}
 	return svc ? *svc : 0;
+}
+
+/* The original-direction tuple of an entry, in one read. */
+static __always_inline int read_ct_orig(struct svt_tuple *t, struct nf_conn *ct)
+{
+	struct nf_conntrack_tuple kt;
+
+	if (bpf_core_read(&kt, sizeof(kt), &ct->tuplehash[IP_CT_DIR_ORIGINAL].tuple))
+		return -1;
+	t->saddr = kt.src.u3.ip;
+	t->daddr = kt.dst.u3.ip;
+	t->sport = kt.src.u.all;
+	t->dport = kt.dst.u.all;
+	t->proto = kt.dst.protonum;
+	return 0;
+}
+
+static __always_inline bool tuple_eq(const struct svt_tuple *a, const struct svt_tuple *b)
+{
+	return a->saddr == b->saddr && a->daddr == b->daddr && a->sport == b->sport && a->dport == b->dport &&
+	       a->proto == b->proto;
+}
+
+/* Writes a flow's counters into the ring buffer. */
+static __always_inline void emit_flow_stats(__u64 ct_id, struct svt_flow_counters *c, __u32 reason)
+{
+	struct svt_flow_stats *r = bpf_ringbuf_reserve(&svt_events, sizeof(*r), 0);
+
+	if (!r) {
+		svt_count(SVT_CNT_RINGBUF_LOST);
+		return;
+	}
+	r->kind = SVT_EV_FLOW_STATS;
+	r->size = sizeof(*r);
+	r->cpu = bpf_get_smp_processor_id();
+	r->ts_ns = bpf_ktime_get_ns();
+	r->ct_id = ct_id;
+	r->reason = reason;
+	r->_pad = 0;
+	__builtin_memcpy(&r->c, c, sizeof(r->c));
+	svt_count(SVT_CNT_EVENTS);
+	bpf_ringbuf_submit(r, 0);
+}
+
+/*
+ * The kernel-side state of a tracked entry, created on its first packet. A
+ * record left by an earlier entry at the same address is that flow's final
+ * account: it is reported (SVT_STATS_REUSED) before being replaced. A dying
+ * entry gets no new state (its packets were all counted already).
+ */
+static __always_inline struct svt_flow_counters *flow_state_of(struct nf_conn *ct, const struct svt_tuple *orig,
+								__u32 status, __u32 svc, __u32 netns_ino, __u64 now)
+{
+	__u64 key = (__u64)ct;
+	struct svt_flow_counters *st = bpf_map_lookup_elem(&svt_flow_state, &key);
+	struct svt_flow_counters init = {};
+
+	if (st && tuple_eq(&st->orig, orig))
+		return st;
+	if (st)
+		emit_flow_stats(key, st, SVT_STATS_REUSED);
+	if (status & IPS_DYING)
+		return NULL;
+	init.orig = *orig;
+	init.first_ns = now;
+	init.last_ns = now;
+	init.last_report_ns = now;
+	init.service_id = svc;
+	init.netns_ino = netns_ino;
+	init.last_tcp_state = 0xff; /* nothing reported yet */
+	if (bpf_map_update_elem(&svt_flow_state, &key, &init, BPF_ANY)) {
+		svt_count(SVT_CNT_STATE_FULL);
+		return NULL;
+	}
+	return bpf_map_lookup_elem(&svt_flow_state, &key);
 }
 
 /* Priority the stage programs are attached at, per hook (see events.h). */
@@ -194,75 +288,145 @@ static __always_inline void stash_for_fib(struct svt_event *e)
 	st->dir = e->dir;
 }
 
-#define TCP_SYN_FIN_RST 0x07
+#define TCP_FIN 0x01
+#define TCP_SYN 0x02
+#define TCP_RST 0x04
 
-/*
- * A transition worth an event: anything but TCP, a packet with SYN, FIN or
- * RST, or an entry that is not yet confirmed and assured. Established data
- * packets are still counted once, at the hook where every packet passes
- * exactly once (before DNAT on PRE_ROUTING / LOCAL_OUT).
- */
-static __always_inline bool is_transition(struct svt_event *e)
+/* The L4 facts the transition rules need, from the IP header at nh. */
+struct pkt_facts {
+	__u8 proto;
+	__u8 tcp_flags;
+};
+
+static __always_inline void read_facts(struct pkt_facts *f, unsigned char *nh)
 {
-	if (targ_all_packets || e->pkt.proto != IPPROTO_TCP || (e->tcp_flags & TCP_SYN_FIN_RST))
-		return true;
-	if (e->kind == SVT_EV_NF) {
-		if ((e->ct_status & (IPS_CONFIRMED | IPS_ASSURED)) != (IPS_CONFIRMED | IPS_ASSURED))
-			return true;
-		if (e->nf_stage == SVT_STAGE_BEFORE_NAT && (e->nf_hook == NF_INET_PRE_ROUTING || e->nf_hook == NF_INET_LOCAL_OUT))
-			return true; /* the counting point */
-	}
-	return false;
+	struct iphdr iph;
+	__u8 l4[14];
+
+	if (bpf_probe_read_kernel(&iph, sizeof(iph), nh) || iph.version != 4)
+		return;
+	f->proto = iph.protocol;
+	if (iph.protocol == IPPROTO_TCP && !bpf_probe_read_kernel(l4, sizeof(l4), nh + iph.ihl * 4))
+		f->tcp_flags = l4[13];
+}
+
+/* Bit of svt_flow_counters.seen for one (hook, NAT stage, direction). */
+static __always_inline __u32 seen_bit(__u8 hook, __u8 stage, __u8 dir)
+{
+	return 1U << ((hook & 7) * 4 + stage * 2 + dir);
 }
 
 static __always_inline int observe_nf(struct bpf_nf_ctx *ctx, __u8 stage)
 {
 	const struct nf_hook_state *state = ctx->state;
 	struct sk_buff *skb = ctx->skb;
+	struct svt_flow_counters *st;
+	struct pkt_facts facts = {};
+	struct svt_tuple orig = {};
 	struct net_device *dev;
 	struct svt_event *e;
 	struct nf_conn *ct;
-	__u32 svc;
-	__u8 hook;
+	unsigned char *nh;
+	__u32 svc, status, bit;
+	__u8 hook, dir, ctinfo, tcp_state = 0;
+	bool counting, emit, first;
+	__u64 now;
 
 	ct = ct_of_skb(skb);
-	if (!ct)
+	if (!ct || read_ct_orig(&orig, ct))
 		return NF_ACCEPT;
-	svc = service_id_of_ct(ct);
+	svc = service_id_of_ct(ct, &orig);
 	if (!svc)
 		return NF_ACCEPT;
 
-	e = svt_reserve(SVT_EV_NF);
-	if (!e)
-		return NF_ACCEPT;
+	now = bpf_ktime_get_ns();
 	hook = BPF_CORE_READ(state, hook);
-	e->nf_hook = hook;
-	e->nf_stage = stage;
-	e->nf_priority = nf_priority_of(hook, stage);
-	e->service_id = svc;
-	e->netns_ino = BPF_CORE_READ(state, net, ns.inum);
-	if (hook == NF_INET_PRE_ROUTING || hook == NF_INET_LOCAL_IN)
-		dev = BPF_CORE_READ(state, in);
-	else
-		dev = BPF_CORE_READ(state, out);
-	fill_dev(e, dev);
-	fill_skb(e, skb, BPF_CORE_READ(skb, head) + BPF_CORE_READ(skb, network_header));
-	fill_ct(e, ct, BPF_CORE_READ(skb, _nfct) & SVT_NFCT_INFOMASK);
+	ctinfo = BPF_CORE_READ(skb, _nfct) & SVT_NFCT_INFOMASK;
+	dir = ctinfo >= IP_CT_IS_REPLY ? SVT_DIR_REPLY : SVT_DIR_ORIGINAL;
+	status = BPF_CORE_READ(ct, status);
+	if (orig.proto == IPPROTO_TCP)
+		tcp_state = BPF_CORE_READ(ct, proto.tcp.state);
+	nh = BPF_CORE_READ(skb, head) + BPF_CORE_READ(skb, network_header);
+	read_facts(&facts, nh);
+	/* Every packet of the entry crosses exactly one of PRE_ROUTING /
+	 * LOCAL_OUT in this namespace, after conntrack: count it there. ICMP
+	 * errors about the flow (RELATED) are reported, not counted: conntrack
+	 * accounting does not count them either. */
+	counting = stage == SVT_STAGE_BEFORE_NAT && (hook == NF_INET_PRE_ROUTING || hook == NF_INET_LOCAL_OUT) &&
+		   ctinfo != IP_CT_RELATED && ctinfo != IP_CT_RELATED_REPLY;
+
+	st = flow_state_of(ct, &orig, status, svc, BPF_CORE_READ(state, net, ns.inum), now);
+	emit = targ_all_packets;
+	if (st) {
+		if (counting) {
+			__sync_fetch_and_add(&st->packets[dir & 1], 1);
+			__sync_fetch_and_add(&st->bytes[dir & 1], BPF_CORE_READ(skb, len));
+			st->last_ns = now;
+			st->tcp_flags[dir & 1] |= facts.tcp_flags;
+			svt_count(SVT_CNT_PACKETS);
+		}
+		bit = seen_bit(hook, stage, dir);
+		/* Reporting state, not counters: a race between CPUs costs at
+		 * most one duplicate event, so plain stores are enough. */
+		if (!(st->seen & bit)) {
+			st->seen |= bit;
+			emit = true;
+		}
+		if ((status & SVT_CT_STATUS_REPORTED) != st->last_status) {
+			st->last_status = status & SVT_CT_STATUS_REPORTED;
+			emit = true;
+		}
+		if (orig.proto == IPPROTO_TCP && tcp_state != st->last_tcp_state) {
+			st->last_tcp_state = tcp_state;
+			emit = true;
+		}
+	} else if (!(status & IPS_CONFIRMED)) {
+		emit = true; /* no state to remember it by (map full): report the first packet anyway */
+	}
+	/* SYN retries (the client waiting on an answer) at the counting point;
+	 * resets and ICMP errors about the flow everywhere. */
+	if ((facts.tcp_flags & TCP_SYN) && counting)
+		emit = true;
+	if ((facts.tcp_flags & TCP_RST) || facts.proto == IPPROTO_ICMP)
+		emit = true;
 
 	/* First packet, NAT fully decided (SNAT hooks run last): remember the
 	 * flow's wire tuples. Confirmation happens after these hooks. */
-	if (stage == SVT_STAGE_AFTER_NAT && !(e->ct_status & IPS_CONFIRMED) &&
-	    (hook == NF_INET_POST_ROUTING || hook == NF_INET_LOCAL_IN)) {
-		register_flow(e);
-		svt_count(SVT_CNT_FLOWS);
+	first = stage == SVT_STAGE_AFTER_NAT && !(status & IPS_CONFIRMED) &&
+		(hook == NF_INET_POST_ROUTING || hook == NF_INET_LOCAL_IN);
+
+	if (emit || first) {
+		e = svt_reserve(SVT_EV_NF);
+		if (e) {
+			e->nf_hook = hook;
+			e->nf_stage = stage;
+			e->nf_priority = nf_priority_of(hook, stage);
+			e->service_id = svc;
+			e->netns_ino = BPF_CORE_READ(state, net, ns.inum);
+			if (hook == NF_INET_PRE_ROUTING || hook == NF_INET_LOCAL_IN)
+				dev = BPF_CORE_READ(state, in);
+			else
+				dev = BPF_CORE_READ(state, out);
+			fill_dev(e, dev);
+			fill_skb(e, skb, nh);
+			fill_ct(e, ct, ctinfo);
+			if (first) {
+				register_flow(e);
+				svt_count(SVT_CNT_FLOWS);
+			}
+			if (emit) {
+				if (stage == SVT_STAGE_BEFORE_NAT && (hook == NF_INET_PRE_ROUTING || hook == NF_INET_LOCAL_OUT))
+					stash_for_fib(e);
+				svt_submit(e);
+			} else {
+				bpf_ringbuf_discard(e, 0);
+			}
+		}
 	}
-	if (!is_transition(e)) {
-		bpf_ringbuf_discard(e, 0);
-		return NF_ACCEPT;
+	if (st && counting && now - st->last_report_ns >= targ_stats_interval_ns) {
+		st->last_report_ns = now;
+		emit_flow_stats((__u64)ct, st, SVT_STATS_PERIODIC);
 	}
-	if (stage == SVT_STAGE_BEFORE_NAT && (hook == NF_INET_PRE_ROUTING || hook == NF_INET_LOCAL_OUT))
-		stash_for_fib(e);
-	svt_submit(e);
 	return NF_ACCEPT;
 }
 
@@ -286,6 +450,25 @@ static __always_inline struct svt_flow_ref *flow_of_packet(unsigned char *nh, st
 	return bpf_map_lookup_elem(&svt_flows, t);
 }
 
+/*
+ * A device crossing worth an event: TCP's SYN and SYN-ACK (the first packet
+ * each way crosses every device on the path), resets, and for other
+ * protocols the first packet each way (at most one more per device on the
+ * reply side, which crosses the pod's devices before it is counted).
+ */
+static __always_inline bool crossing_is_transition(struct svt_flow_ref *ref, unsigned char *nh)
+{
+	struct svt_flow_counters *st;
+	struct pkt_facts facts = {};
+	__u64 key = ref->ct_id;
+
+	read_facts(&facts, nh);
+	if (facts.proto == IPPROTO_TCP)
+		return facts.tcp_flags & (TCP_SYN | TCP_RST);
+	st = bpf_map_lookup_elem(&svt_flow_state, &key);
+	return st && st->packets[ref->dir & 1] <= 1;
+}
+
 static __always_inline int observe_dev(struct sk_buff *skb, __u16 kind)
 {
 	struct svt_flow_ref *ref;
@@ -302,6 +485,8 @@ static __always_inline int observe_dev(struct sk_buff *skb, __u16 kind)
 	ref = flow_of_packet(nh, &t);
 	if (!ref)
 		return 0;
+	if (!targ_all_packets && !crossing_is_transition(ref, nh))
+		return 0;
 	e = svt_reserve(kind);
 	if (!e)
 		return 0;
@@ -309,10 +494,6 @@ static __always_inline int observe_dev(struct sk_buff *skb, __u16 kind)
 	e->service_id = ref->service_id;
 	e->dir = ref->dir;
 	fill_skb(e, skb, nh);
-	if (!is_transition(e)) {
-		bpf_ringbuf_discard(e, 0);
-		return 0;
-	}
 	fill_dev(e, BPF_CORE_READ(skb, dev));
 	svt_submit(e);
 	return 0;
@@ -333,30 +514,47 @@ int BPF_PROG(svt_dev_recv, struct sk_buff *skb)
 SEC("tp_btf/kfree_skb")
 int BPF_PROG(svt_drop, struct sk_buff *skb, void *location, enum skb_drop_reason reason)
 {
+	struct svt_flow_counters *st;
 	struct svt_flow_ref *ref = NULL;
 	struct svt_tuple t = {};
 	struct nf_conn *ct;
 	struct svt_event *e;
 	unsigned char *nh;
 	__u32 *svc = NULL;
+	__u64 flow_key;
 	__u32 svc_id;
 
 	if (BPF_CORE_READ(skb, protocol) != bpf_htons(ETH_P_IP))
 		return 0;
 	nh = BPF_CORE_READ(skb, head) + BPF_CORE_READ(skb, network_header);
 	ct = ct_of_skb(skb);
-	if (ct) {
+	if (ct)
 		svc = service_of_ct_uncached(ct);
-	} else {
+	if (!svc) {
+		/* No entry of ours: inside a pod's namespace (its own conntrack
+		 * entry, if any, is not the tracked one), on a tunnel, or a first
+		 * packet dropped before conntrack kept it (table full). */
+		ct = NULL;
 		ref = flow_of_packet(nh, &t);
-		/* A first packet dropped before conntrack kept it (table full):
-		 * recognise it by its destination. */
 		if (!ref && t.proto)
 			svc = service_lookup(t.daddr, t.dport, t.proto);
 	}
 	if (!svc && !ref)
 		return 0;
 	svc_id = svc ? *svc : ref->service_id;
+
+	/* Count every drop in the flow's state; report the first of each
+	 * reason (a retransmitted SYN dropped again is the same story). */
+	flow_key = ct ? (__u64)ct : ref ? ref->ct_id : 0;
+	st = flow_key ? bpf_map_lookup_elem(&svt_flow_state, &flow_key) : NULL;
+	if (st) {
+		bool again = st->drops && st->last_drop_reason == (__u32)reason;
+
+		__sync_fetch_and_add(&st->drops, 1);
+		st->last_drop_reason = reason;
+		if (again && !targ_all_packets)
+			return 0;
+	}
 
 	e = svt_reserve(SVT_EV_DROP);
 	if (!e)

@@ -9,16 +9,24 @@ namespace {
 // has waited kFlushAfter: events reach JS within a few ms, batches stay large.
 constexpr size_t kFlushBytes = 256 * 1024;
 constexpr auto kFlushAfter = std::chrono::milliseconds(5);
-// Batches queued towards JS before the producer keeps accumulating instead.
-// Bytes in flight towards JS are at most about kMaxQueuedBatches x
-// kMaxPendingBytes: memory stays bounded when JS falls behind.
-constexpr size_t kMaxQueuedBatches = 8;
-// When JS is that far behind, a pending batch above this is dropped (counted).
+// Batches handed to JS and not yet returned. With the pending one, at most
+// (kMaxInFlight + 1) x kMaxPendingBytes of records live in the addon.
+constexpr uint32_t kMaxInFlight = 8;
+// The pending batch stops growing here: the producer stops reading.
 constexpr size_t kMaxPendingBytes = 1024 * 1024;
 }  // namespace
 
-BatchSink::BatchSink(Napi::Env env, Napi::Function on_batch, const char* name) {
-  tsfn_ = Tsfn::New(env, on_batch, name, kMaxQueuedBatches, 1);
+void InFlight::Done() {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (count) count--;
+  }
+  cv.notify_all();
+}
+
+BatchSink::BatchSink(Napi::Env env, Napi::Function on_batch, const char* name, Channel channel) : channel_(channel) {
+  // Queue size 0 (unbounded) at the TSFN: the bound is ours (kMaxInFlight).
+  tsfn_ = Tsfn::New(env, on_batch, name, 0, 1);
   pending_.bytes.reserve(kFlushBytes);
 }
 
@@ -30,34 +38,51 @@ void BatchSink::Append(const void* record, size_t size) {
   if (pending_.bytes.size() >= kFlushBytes) Flush();
 }
 
+bool BatchSink::Full() const {
+  return pending_.bytes.size() >= kMaxPendingBytes;
+}
+
 bool BatchSink::Due() const {
   return pending_.count &&
          (pending_.bytes.size() >= kFlushBytes || std::chrono::steady_clock::now() - pending_since_ >= kFlushAfter);
 }
 
-void BatchSink::Flush() {
-  if (pending_.count == 0 || closed_) return;
+uint32_t BatchSink::in_flight() const {
+  std::lock_guard<std::mutex> lock(in_flight_->mu);
+  return in_flight_->count;
+}
+
+bool BatchSink::Flush() {
+  if (pending_.count == 0 || closed_) return true;
+  {
+    std::lock_guard<std::mutex> lock(in_flight_->mu);
+    if (in_flight_->count >= kMaxInFlight) return false;
+    in_flight_->count++;
+  }
   auto* batch = new Batch(std::move(pending_));
-  napi_status st = tsfn_.NonBlockingCall(batch);
-  if (st == napi_ok) {
+  batch->in_flight = in_flight_;
+  batch->channel = channel_;
+  if (tsfn_.NonBlockingCall(batch) != napi_ok) {
+    // The function is closing (environment teardown): nothing will consume it.
+    lost_at_close_ += batch->count;
+    delete batch;
+    in_flight_->Done();
+  } else {
     batches_++;
-    pending_ = Batch();
-    pending_.bytes.reserve(kFlushBytes);
-    return;
   }
-  // JS is behind (queue full) or gone: keep the records while bounded.
-  pending_ = std::move(*batch);
-  delete batch;
-  if (pending_.bytes.size() > kMaxPendingBytes) {
-    dropped_ += pending_.count;
-    pending_ = Batch();
-  }
+  pending_ = Batch();
+  pending_.bytes.reserve(kFlushBytes);
+  return true;
+}
+
+void BatchSink::WaitForRoom(std::chrono::milliseconds max) {
+  std::unique_lock<std::mutex> lock(in_flight_->mu);
+  in_flight_->cv.wait_for(lock, max, [this] { return in_flight_->count < kMaxInFlight; });
 }
 
 void BatchSink::Close() {
   if (closed_) return;
-  Flush();
-  dropped_ += pending_.count;
+  if (!Flush()) lost_at_close_ += pending_.count;
   pending_ = Batch();
   closed_ = true;
   tsfn_.Release();
@@ -66,14 +91,18 @@ void BatchSink::Close() {
 void BatchSink::CallJs(Napi::Env env, Napi::Function fn, std::nullptr_t*, Batch* batch) {
   if (env != nullptr && fn != nullptr) {
     try {
-      auto buf = Napi::Buffer<uint8_t>::Copy(env, batch->bytes.data(), batch->bytes.size());
-      fn.Call({buf, Napi::Number::New(env, batch->count)});
+      // The batch's bytes become the Buffer's memory: no copy.
+      auto* owned = new std::vector<uint8_t>(std::move(batch->bytes));
+      auto buf = Napi::Buffer<uint8_t>::NewOrCopy(env, owned->data(), owned->size(),
+                                            [](Napi::Env, uint8_t*, std::vector<uint8_t>* v) { delete v; }, owned);
+      fn.Call({buf, Napi::Number::New(env, batch->count), Napi::Number::New(env, (double)batch->channel)});
     } catch (const Napi::Error& e) {
       // The TS wrapper never lets its handler throw; if it does anyway, say
       // so rather than unwinding into Node's thread-safe-function machinery.
       fprintf(stderr, "svctrace: batch handler threw: %s\n", e.Message().c_str());
     }
   }
+  batch->in_flight->Done();
   delete batch;
 }
 

@@ -1,38 +1,70 @@
-// Hands batches of svt_event records from a native thread to one JS
-// callback, one call per batch. Shared by the ring-buffer reader and the
-// conntrack listener so both deliver the same way, with the same bounds.
+// Hands batches of records from a native thread to one JS callback, one call
+// per batch. Shared by the ring-buffer reader and the netlink listeners so
+// all deliver the same way, with the same bounds.
+//
+// It never drops. At most kMaxInFlight batches wait for JavaScript and one
+// more accumulates; when that one is full too the producer must stop reading
+// its source (Full()) and wait (WaitForRoom()): the kernel's buffer — the
+// BPF ring buffer, a netlink socket — is then the buffer, and what does not
+// fit there is counted by the kernel. Memory here is bounded by construction.
 #pragma once
 
 #include <napi.h>
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 namespace svt {
 
+// Batches handed to JS and not yet returned; outlives the sink (a queued
+// call may run after the sink is gone).
+struct InFlight {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint32_t count = 0;
+  void Done();
+};
+
+// Which source a batch comes from, passed to JS as the callback's third
+// argument: user space orders the conntrack channel against the ring by time.
+enum class Channel : uint32_t { kRing = 0, kNetlink = 1 };
+
 struct Batch {
   std::vector<uint8_t> bytes;
   uint32_t count = 0;
+  Channel channel = Channel::kRing;
+  std::shared_ptr<InFlight> in_flight;
 };
 
 class BatchSink {
  public:
-  BatchSink(Napi::Env env, Napi::Function on_batch, const char* name);
+  BatchSink(Napi::Env env, Napi::Function on_batch, const char* name, Channel channel);
   BatchSink(const BatchSink&) = delete;
   BatchSink& operator=(const BatchSink&) = delete;
 
-  // Producer side (one thread): append a record, flush when due.
+  // Producer side (one thread). Append always keeps the record.
   void Append(const void* record, size_t size);
+  // The pending batch is at its limit: read no more until Flush() succeeds.
+  bool Full() const;
   bool Due() const;
-  void Flush();
+  // Hands the pending batch to JS; false when JS already holds the most
+  // batches it may (the batch stays pending).
+  bool Flush();
+  // Blocks until JS returns a batch, or `max` passes.
+  void WaitForRoom(std::chrono::milliseconds max);
   // Final flush, then release the JS function. Producer thread must be done.
+  // Records that could not be handed over are counted in lost_at_close().
   void Close();
 
   uint32_t pending() const { return pending_.count; }
+  uint32_t in_flight() const;
   uint64_t batches() const { return batches_.load(); }
-  uint64_t dropped() const { return dropped_.load(); }
+  uint64_t lost_at_close() const { return lost_at_close_.load(); }
 
  private:
   static void CallJs(Napi::Env env, Napi::Function fn, std::nullptr_t*, Batch* batch);
@@ -40,10 +72,12 @@ class BatchSink {
 
   Tsfn tsfn_;
   bool closed_ = false;
+  Channel channel_;
   Batch pending_;
+  std::shared_ptr<InFlight> in_flight_ = std::make_shared<InFlight>();
   std::chrono::steady_clock::time_point pending_since_;
   std::atomic<uint64_t> batches_{0};
-  std::atomic<uint64_t> dropped_{0};
+  std::atomic<uint64_t> lost_at_close_{0};
 };
 
 }  // namespace svt

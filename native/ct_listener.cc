@@ -44,14 +44,20 @@ void ReverseInto(svt_tuple* out, const svt_tuple& in) {
   out->proto = in.proto;
 }
 
+bool SameTuple(const svt_tuple& a, const svt_tuple& b) {
+  return a.saddr == b.saddr && a.daddr == b.daddr && a.sport == b.sport && a.dport == b.dport && a.proto == b.proto;
+}
+
 }  // namespace
 
 CtListener::CtListener(Napi::Env env, const std::string& netns_path, unsigned long netns_ino,
-                       std::shared_ptr<const ServiceSet> services, int flows_map_fd, volatile unsigned long long* active_flows)
+                       std::shared_ptr<const ServiceSet> services, int flows_map_fd, int state_map_fd,
+                       volatile unsigned long long* active_flows)
     : NetlinkListener(env, netns_path, NFNLGRP_CONNTRACK_DESTROY),
       netns_ino_(netns_ino),
       services_(std::move(services)),
       flows_map_fd_(flows_map_fd),
+      state_map_fd_(state_map_fd),
       active_flows_(active_flows) {}
 
 void CtListener::Handle(const nlmsghdr* nlh) {
@@ -79,6 +85,23 @@ void CtListener::Handle(const nlmsghdr* nlh) {
       auto pi = Nested<CTA_PROTOINFO_MAX>(top.a[CTA_PROTOINFO]);
       auto tcp = Nested<CTA_PROTOINFO_TCP_MAX>(pi.a[CTA_PROTOINFO_TCP]);
       if (tcp.a[CTA_PROTOINFO_TCP_STATE]) e.ct_tcp_state = mnl_attr_get_u8(tcp.a[CTA_PROTOINFO_TCP_STATE]);
+    }
+    // The flow's final counters: its kernel address comes from the wire
+    // tuple registry; the state's own tuple guards against a reused address.
+    svt_flow_ref ref;
+    if (bpf_map_lookup_elem(flows_map_fd_, &e.ct_orig, &ref) == 0) {
+      e.ct_id = ref.ct_id;
+      svt_flow_stats r = {};
+      __u64 key = ref.ct_id;
+      if (bpf_map_lookup_elem(state_map_fd_, &key, &r.c) == 0 && SameTuple(r.c.orig, e.ct_orig) &&
+          bpf_map_lookup_and_delete_elem(state_map_fd_, &key, &r.c) == 0) {
+        r.kind = SVT_EV_FLOW_STATS;
+        r.size = sizeof(r);
+        r.ts_ns = e.ts_ns;
+        r.ct_id = key;
+        r.reason = SVT_STATS_CLOSED;
+        Emit(&r, sizeof(r));
+      }
     }
     Emit(&e, sizeof(e));
     // The flow is gone: forget its wire tuples in the kernel, and count it

@@ -2,7 +2,10 @@
 // in one network namespace and turns those of traced services into
 // svt_event records of kind SVT_EV_CT_DESTROY, delivered like ring-buffer
 // batches. This is how svctrace sees a flow end without kprobes or fentry.
-// It also forgets the flow's wire tuples in the BPF svt_flows map.
+// It also forgets the flow's wire tuples in the BPF svt_flows map, and takes
+// the flow's in-kernel counters out of svt_flow_state: they are the flow's
+// final account, delivered as a svt_flow_stats record (SVT_STATS_CLOSED)
+// just before the destroy event.
 #pragma once
 
 #include <memory>
@@ -17,7 +20,8 @@ class CtListener : public NetlinkListener {
  public:
   // `active_flows` is the BPF program's svt_active_flows (memory-mapped .bss).
   CtListener(Napi::Env env, const std::string& netns_path, unsigned long netns_ino,
-             std::shared_ptr<const ServiceSet> services, int flows_map_fd, volatile unsigned long long* active_flows);
+             std::shared_ptr<const ServiceSet> services, int flows_map_fd, int state_map_fd,
+             volatile unsigned long long* active_flows);
 
  protected:
   void Handle(const nlmsghdr* nlh) override;
@@ -26,6 +30,7 @@ class CtListener : public NetlinkListener {
   unsigned long netns_ino_;
   std::shared_ptr<const ServiceSet> services_;
   int flows_map_fd_;
+  int state_map_fd_;
   volatile unsigned long long* active_flows_;
 };
 

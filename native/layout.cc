@@ -3,6 +3,7 @@
 #include <linux/types.h>
 #include <stddef.h>
 
+#include "batch_sink.h"
 #include "events.h"
 
 namespace svt {
@@ -87,6 +88,33 @@ Napi::Value Layout(const Napi::CallbackInfo& info) {
   SVT_FIELD(nt, svt_nftrace, target);
   out.Set("svt_nftrace", StructLayout(env, sizeof(svt_nftrace), nt));
 
+  Napi::Object fc = Napi::Object::New(env);
+  SVT_FIELD(fc, svt_flow_counters, packets);
+  SVT_FIELD(fc, svt_flow_counters, bytes);
+  SVT_FIELD(fc, svt_flow_counters, drops);
+  SVT_FIELD(fc, svt_flow_counters, first_ns);
+  SVT_FIELD(fc, svt_flow_counters, last_ns);
+  SVT_FIELD(fc, svt_flow_counters, last_report_ns);
+  SVT_FIELD(fc, svt_flow_counters, orig);
+  SVT_FIELD(fc, svt_flow_counters, seen);
+  SVT_FIELD(fc, svt_flow_counters, last_status);
+  SVT_FIELD(fc, svt_flow_counters, service_id);
+  SVT_FIELD(fc, svt_flow_counters, netns_ino);
+  SVT_FIELD(fc, svt_flow_counters, last_drop_reason);
+  SVT_FIELD(fc, svt_flow_counters, tcp_flags);
+  SVT_FIELD(fc, svt_flow_counters, last_tcp_state);
+  out.Set("svt_flow_counters", StructLayout(env, sizeof(svt_flow_counters), fc));
+
+  Napi::Object fs = Napi::Object::New(env);
+  SVT_FIELD(fs, svt_flow_stats, kind);
+  SVT_FIELD(fs, svt_flow_stats, size);
+  SVT_FIELD(fs, svt_flow_stats, cpu);
+  SVT_FIELD(fs, svt_flow_stats, ts_ns);
+  SVT_FIELD(fs, svt_flow_stats, ct_id);
+  SVT_FIELD(fs, svt_flow_stats, reason);
+  SVT_FIELD(fs, svt_flow_stats, c);
+  out.Set("svt_flow_stats", StructLayout(env, sizeof(svt_flow_stats), fs));
+
   Napi::Object kinds = Napi::Object::New(env);
   kinds.Set("NF", Napi::Number::New(env, SVT_EV_NF));
   kinds.Set("DEV_XMIT", Napi::Number::New(env, SVT_EV_DEV_XMIT));
@@ -95,6 +123,7 @@ Napi::Value Layout(const Napi::CallbackInfo& info) {
   kinds.Set("FIB", Napi::Number::New(env, SVT_EV_FIB));
   kinds.Set("CT_DESTROY", Napi::Number::New(env, SVT_EV_CT_DESTROY));
   kinds.Set("NFTRACE", Napi::Number::New(env, SVT_EV_NFTRACE));
+  kinds.Set("FLOW_STATS", Napi::Number::New(env, SVT_EV_FLOW_STATS));
   out.Set("kinds", kinds);
 
   Napi::Object consts = Napi::Object::New(env);
@@ -107,6 +136,14 @@ Napi::Value Layout(const Napi::CallbackInfo& info) {
   consts.Set("EVENT_CAP_SIZE", Napi::Number::New(env, sizeof(svt_event_cap)));
   consts.Set("DIR_ORIGINAL", Napi::Number::New(env, SVT_DIR_ORIGINAL));
   consts.Set("DIR_REPLY", Napi::Number::New(env, SVT_DIR_REPLY));
+  consts.Set("CHANNEL_RING", Napi::Number::New(env, (double)Channel::kRing));
+  consts.Set("CHANNEL_NETLINK", Napi::Number::New(env, (double)Channel::kNetlink));
+  consts.Set("RINGBUF_BYTES", Napi::Number::New(env, SVT_RINGBUF_BYTES));
+  consts.Set("STATS_INTERVAL_MS", Napi::Number::New(env, SVT_STATS_INTERVAL_NS / 1000000));
+  consts.Set("STATS_PERIODIC", Napi::Number::New(env, SVT_STATS_PERIODIC));
+  consts.Set("STATS_CLOSED", Napi::Number::New(env, SVT_STATS_CLOSED));
+  consts.Set("STATS_REUSED", Napi::Number::New(env, SVT_STATS_REUSED));
+  consts.Set("STATS_EXPIRED", Napi::Number::New(env, SVT_STATS_EXPIRED));
   out.Set("consts", consts);
   return out;
 }

@@ -60,7 +60,7 @@ NetlinkListener::~NetlinkListener() {
 
 void NetlinkListener::Start(Napi::Env env, Napi::Function on_batch, const char* name) {
   if (sink_) return;
-  sink_ = std::make_unique<BatchSink>(env, on_batch, name);
+  sink_ = std::make_unique<BatchSink>(env, on_batch, name, Channel::kNetlink);
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -79,11 +79,17 @@ void NetlinkListener::Run() {
   std::vector<char> buf(MNL_SOCKET_BUFFER_SIZE * 4);
   int fd = mnl_socket_get_fd(nl_);
   while (!stop_.load()) {
+    if (sink_->Full() && !sink_->Flush()) {
+      // JS is behind: leave messages in the socket; what it cannot hold the
+      // kernel reports as ENOBUFS, counted in overruns().
+      sink_->WaitForRoom(std::chrono::milliseconds(kPollMs));
+      continue;
+    }
     struct pollfd pfd = {fd, POLLIN, 0};
     int pr = poll(&pfd, 1, sink_->pending() ? 2 : kPollMs);
     if (pr > 0) {
-      // Drain everything queued, then flush once.
-      for (;;) {
+      // Drain what is queued (while the batch has room), then flush once.
+      while (!sink_->Full()) {
         ssize_t n = recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
         if (n < 0) {
           if (errno == ENOBUFS) {

@@ -30,6 +30,8 @@ class NetlinkListener {
   uint64_t events() const { return events_.load(); }
   // Messages the kernel could not queue to us (ENOBUFS): events we missed.
   uint64_t overruns() const { return overruns_.load(); }
+  // Records read but not handed to JS when the listener stopped.
+  uint64_t lost_at_close() const { return sink_ ? sink_->lost_at_close() : 0; }
 
  protected:
   // Opens a NETLINK_NETFILTER socket in `netns_path` joined to `group`

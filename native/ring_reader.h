@@ -1,6 +1,7 @@
 // Drains the BPF ring buffer on its own thread and hands JavaScript whole
 // batches through a BatchSink: one JS call per batch, never one per event.
-// The poll thread never waits for JavaScript.
+// When JavaScript is behind, the reader stops draining: records wait in the
+// ring, and what the ring cannot hold the kernel counts (SVT_CNT_RINGBUF_LOST).
 #pragma once
 
 #include <napi.h>
@@ -26,8 +27,16 @@ class RingReader {
 
   uint64_t batches_delivered() const { return sink_->batches(); }
   uint64_t records_read() const { return records_.load(); }
-  uint64_t records_dropped() const { return sink_->dropped(); }
+  // Records read from the ring that could not be handed to JS at shutdown.
+  uint64_t lost_at_close() const { return sink_->lost_at_close(); }
   uint64_t malformed() const { return malformed_.load(); }
+  // Times the reader held back because JS was behind.
+  uint64_t held_back() const { return held_back_.load(); }
+  // Bytes waiting in the ring, records pending here and batches held by JS:
+  // zero everywhere means everything produced so far has been delivered.
+  uint64_t ring_bytes() const;
+  uint32_t pending() const { return pending_.load(); }
+  uint32_t in_flight() const { return sink_->in_flight(); }
 
  private:
   static int OnSample(void* ctx, void* data, size_t size);
@@ -41,6 +50,8 @@ class RingReader {
   bool stopped_ = false;
   std::atomic<uint64_t> records_{0};
   std::atomic<uint64_t> malformed_{0};
+  std::atomic<uint64_t> held_back_{0};
+  std::atomic<uint32_t> pending_{0};
 };
 
 }  // namespace svt

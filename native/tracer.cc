@@ -7,6 +7,7 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <errno.h>
+#include <unistd.h>
 
 #include "errors.h"
 #include "events.h"
@@ -56,30 +57,50 @@ Napi::Function Tracer::Init(Napi::Env env) {
                          InstanceMethod("close", &Tracer::Close),
                          InstanceMethod("benchEmit", &Tracer::BenchEmit),
                          InstanceMethod("traceRules", &Tracer::TraceRules),
+                         InstanceMethod("expireFlowState", &Tracer::ExpireFlowState),
                      });
 }
 
-// new Tracer({ snaplen? }): snaplen = bytes of each packet to capture (0 = off).
+// new Tracer({ snaplen?, allPackets?, ringBufferBytes?, statsIntervalMs?, benchSource? }):
+// snaplen = bytes of each packet to capture (0 = off); ringBufferBytes = size
+// of the kernel ring buffer (a power of two, >= the page size);
+// statsIntervalMs = interval of the periodic per-flow counter records.
 Tracer::Tracer(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Tracer>(info), env_(info.Env()) {
-  uint32_t snaplen = 0;
-  if (info.Length() > 0 && info[0].IsObject()) {
-    Napi::Value v = info[0].As<Napi::Object>().Get("snaplen");
-    if (!v.IsUndefined()) {
-      if (!v.IsNumber()) throw Napi::TypeError::New(info.Env(), "snaplen must be a number");
-      snaplen = v.As<Napi::Number>().Uint32Value();
-      if (snaplen > SVT_MAX_SNAPLEN)
-        throw Napi::RangeError::New(info.Env(), "snaplen must be 0.." + std::to_string(SVT_MAX_SNAPLEN));
-    }
-  }
-  bool bench = false, all_packets = false;
-  if (info.Length() > 0 && info[0].IsObject()) {
-    bench = info[0].As<Napi::Object>().Get("benchSource").ToBoolean();
-    all_packets = info[0].As<Napi::Object>().Get("allPackets").ToBoolean();
-  }
+  Napi::Env env = info.Env();
+  Napi::Object opts = info.Length() > 0 && info[0].IsObject() ? info[0].As<Napi::Object>() : Napi::Object::New(env);
+  auto number = [&](const char* key, double dflt) -> double {
+    Napi::Value v = opts.Get(key);
+    if (v.IsUndefined()) return dflt;
+    if (!v.IsNumber()) throw Napi::TypeError::New(env, std::string(key) + " must be a number");
+    return v.As<Napi::Number>().DoubleValue();
+  };
+  double snaplen = number("snaplen", 0);
+  if (!(snaplen >= 0 && snaplen <= SVT_MAX_SNAPLEN) || snaplen != (uint32_t)snaplen)
+    throw Napi::RangeError::New(env, "snaplen must be 0.." + std::to_string(SVT_MAX_SNAPLEN));
+  double ring = number("ringBufferBytes", SVT_RINGBUF_BYTES);
+  uint64_t ring_bytes = (uint64_t)ring;
+  long page = sysconf(_SC_PAGESIZE);
+  if (ring != (double)ring_bytes || ring_bytes < (uint64_t)page || (ring_bytes & (ring_bytes - 1)) ||
+      ring_bytes > (1ULL << 32))
+    throw Napi::RangeError::New(env, "ringBufferBytes must be a power of two between the page size and 4 GiB");
+  double interval_ms = number("statsIntervalMs", SVT_STATS_INTERVAL_NS / 1e6);
+  if (!(interval_ms >= 10 && interval_ms <= 3600e3))
+    throw Napi::RangeError::New(env, "statsIntervalMs must be 10..3600000");
+  bool bench = opts.Get("benchSource").ToBoolean();
+  bool all_packets = opts.Get("allPackets").ToBoolean();
+
   skel_ = svctrace_bpf__open();
-  if (!skel_) ThrowErrno(info.Env(), "svctrace_bpf__open", errno);
-  skel_->rodata->targ_snaplen = snaplen;
+  if (!skel_) ThrowErrno(env, "svctrace_bpf__open", errno);
+  skel_->rodata->targ_snaplen = (uint32_t)snaplen;
   skel_->rodata->targ_all_packets = all_packets ? 1 : 0;
+  skel_->rodata->targ_stats_interval_ns = (uint64_t)(interval_ms * 1e6);
+  int err = bpf_map__set_max_entries(skel_->maps.svt_events, (uint32_t)ring_bytes);
+  if (err) {
+    svctrace_bpf__destroy(skel_);
+    skel_ = nullptr;
+    ThrowErrno(env, "bpf_map__set_max_entries", err, "svt_events");
+  }
+  ring_bytes_ = ring_bytes;
   // The benchmark event source is loaded only when asked for (bench/).
   bpf_program__set_autoload(skel_->progs.svt_bench_emit, bench);
   napi_add_env_cleanup_hook(env_, &Tracer::CleanupHook, this);
@@ -193,8 +214,8 @@ Napi::Value Tracer::AttachNetfilter(const Napi::CallbackInfo& info) {
   std::string path = info[0].As<Napi::String>();
 
   // Conntrack DESTROY events of this namespace: how flows are seen to end.
-  auto listener = std::make_unique<CtListener>(env, path, NetnsInode(path), services_,
-                                               bpf_map__fd(skel_->maps.svt_flows), &skel_->bss->svt_active_flows);
+  auto listener = std::make_unique<CtListener>(env, path, NetnsInode(path), services_, bpf_map__fd(skel_->maps.svt_flows),
+                                               bpf_map__fd(skel_->maps.svt_flow_state), &skel_->bss->svt_active_flows);
 
   std::vector<bpf_link*> attached;
   NetnsResult r = RunInNetns(path, [&](NetnsResult& res) {
@@ -256,22 +277,38 @@ Napi::Value Tracer::Stats(const Napi::CallbackInfo& info) {
   out.Set("kernelEvents", Napi::Number::New(env, (double)sums[SVT_CNT_EVENTS]));
   out.Set("ringbufLost", Napi::Number::New(env, (double)sums[SVT_CNT_RINGBUF_LOST]));
   out.Set("flowsStarted", Napi::Number::New(env, (double)sums[SVT_CNT_FLOWS]));
+  out.Set("flowStateFull", Napi::Number::New(env, (double)sums[SVT_CNT_STATE_FULL]));
+  out.Set("packetsCounted", Napi::Number::New(env, (double)sums[SVT_CNT_PACKETS]));
+  out.Set("ringBufferBytes", Napi::Number::New(env, (double)ring_bytes_));
   out.Set("recordsRead", Napi::Number::New(env, reader_ ? (double)reader_->records_read() : 0));
   out.Set("batchesDelivered", Napi::Number::New(env, reader_ ? (double)reader_->batches_delivered() : 0));
-  out.Set("readerDropped", Napi::Number::New(env, reader_ ? (double)reader_->records_dropped() : 0));
+  out.Set("readerLostAtClose", Napi::Number::New(env, reader_ ? (double)reader_->lost_at_close() : 0));
+  out.Set("readerHeldBack", Napi::Number::New(env, reader_ ? (double)reader_->held_back() : 0));
   out.Set("malformed", Napi::Number::New(env, reader_ ? (double)reader_->malformed() : 0));
+  // Not yet delivered: bytes in the ring, records pending in the reader,
+  // batches JS has not returned. All zero: everything so far reached JS.
+  out.Set("ringBacklogBytes", Napi::Number::New(env, reader_ ? (double)reader_->ring_bytes() : 0));
+  out.Set("readerPending", Napi::Number::New(env, reader_ ? (double)reader_->pending() : 0));
+  out.Set("batchesInFlight", Napi::Number::New(env, reader_ ? (double)reader_->in_flight() : 0));
   out.Set("links", Napi::Number::New(env, links_.size()));
-  uint64_t ct_events = 0, ct_overruns = 0;
+  uint64_t ct_events = 0, ct_overruns = 0, listener_lost = 0;
   for (auto& l : ct_listeners_) {
     ct_events += l->events();
     ct_overruns += l->overruns();
+    listener_lost += l->lost_at_close();
   }
   out.Set("activeFlows", Napi::Number::New(env, (double)skel_->bss->svt_active_flows));
   out.Set("ctDestroyEvents", Napi::Number::New(env, (double)ct_events));
-  uint64_t nft_events = 0;
-  for (auto& l : nft_listeners_) nft_events += l->events();
+  uint64_t nft_events = 0, nft_overruns = 0;
+  for (auto& l : nft_listeners_) {
+    nft_events += l->events();
+    nft_overruns += l->overruns();
+    listener_lost += l->lost_at_close();
+  }
   out.Set("ruleTraceEvents", Napi::Number::New(env, (double)nft_events));
   out.Set("ctOverruns", Napi::Number::New(env, (double)ct_overruns));
+  out.Set("ruleTraceOverruns", Napi::Number::New(env, (double)nft_overruns));
+  out.Set("listenerLostAtClose", Napi::Number::New(env, (double)listener_lost));
   return out;
 }
 
@@ -303,6 +340,40 @@ Napi::Value Tracer::TraceRules(const Napi::CallbackInfo& info) {
   l->Start(env, info[1].As<Napi::Function>(), "svctrace-nftrace");
   nft_listeners_.push_back(std::move(l));
   return env.Undefined();
+}
+
+// expireFlowState(idleMs): removes the kernel state of flows that counted no
+// packet for idleMs (their destroy was missed: an LRU-forgotten tuple, a
+// netlink overrun, an entry that never got confirmed) and returns their
+// final counters as a batch of svt_flow_stats records (SVT_STATS_EXPIRED),
+// so the svt_flow_state map never fills up with the dead.
+Napi::Value Tracer::ExpireFlowState(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireLoaded(env, "expireFlowState");
+  if (!info[0].IsNumber()) throw Napi::TypeError::New(env, "expireFlowState(idleMs)");
+  uint64_t idle_ns = (uint64_t)(info[0].As<Napi::Number>().DoubleValue() * 1e6);
+  uint64_t now = MonotonicNs();
+  int fd = bpf_map__fd(skel_->maps.svt_flow_state);
+  std::vector<__u64> idle;
+  __u64 key, *prev = nullptr;
+  svt_flow_counters c;
+  while (bpf_map_get_next_key(fd, prev, &key) == 0) {
+    if (bpf_map_lookup_elem(fd, &key, &c) == 0 && now > c.last_ns && now - c.last_ns >= idle_ns) idle.push_back(key);
+    prev = &key;
+  }
+  std::vector<uint8_t> out;
+  for (__u64 k : idle) {
+    svt_flow_stats r = {};
+    if (bpf_map_lookup_and_delete_elem(fd, &k, &r.c) != 0) continue;
+    r.kind = SVT_EV_FLOW_STATS;
+    r.size = sizeof(r);
+    r.ts_ns = now;
+    r.ct_id = k;
+    r.reason = SVT_STATS_EXPIRED;
+    const auto* b = reinterpret_cast<const uint8_t*>(&r);
+    out.insert(out.end(), b, b + sizeof(r));
+  }
+  return Napi::Buffer<uint8_t>::Copy(env, out.data(), out.size());
 }
 
 Napi::Value Tracer::Close(const Napi::CallbackInfo& info) {

@@ -35,6 +35,7 @@ class Tracer : public Napi::ObjectWrap<Tracer> {
   Napi::Value Close(const Napi::CallbackInfo& info);
   Napi::Value BenchEmit(const Napi::CallbackInfo& info);
   Napi::Value TraceRules(const Napi::CallbackInfo& info);
+  Napi::Value ExpireFlowState(const Napi::CallbackInfo& info);
 
   void RequireLoaded(Napi::Env env, const char* method);
   void Destroy();
@@ -43,6 +44,7 @@ class Tracer : public Napi::ObjectWrap<Tracer> {
   napi_env env_;
   svctrace_bpf* skel_ = nullptr;
   bool loaded_ = false;
+  uint64_t ring_bytes_ = 0;
   bool closed_ = false;
   std::vector<bpf_link*> links_;
   std::unique_ptr<RingReader> reader_;

@@ -4,7 +4,7 @@
  * the record; everything else is little-endian host order.
  */
 import os from 'node:os';
-import { EVENT, EVENT_CAP_SIZE, NFTRACE, TUPLE } from './layout';
+import { EVENT, EVENT_CAP_SIZE, EventKind, FLOW_COUNTERS, FLOW_STATS, NFTRACE, TUPLE } from './layout';
 
 if (os.endianness() !== 'LE') {
   // The ABI is host order; the decoder reads little-endian. Say so loudly.
@@ -57,6 +57,33 @@ export interface KernelEvent {
   icmpCode: number;
   /** The packet's first bytes from its IP header, when capture is on. */
   capture?: Uint8Array;
+}
+
+/** A flow's counters, kept in the kernel and reported periodically and at its end (struct svt_flow_stats). */
+export interface FlowStatsRecord {
+  tsNs: bigint;
+  /** The flow's nf_conn address, hex, as KernelEvent.ctId. */
+  ctId: string;
+  /** enum svt_stats_reason (StatsReason): periodic, closed, reused, expired. */
+  reason: number;
+  /** Per direction: [original, reply]. */
+  packets: [number, number];
+  bytes: [number, number];
+  drops: number;
+  firstNs: bigint;
+  lastNs: bigint;
+  /** The entry's original tuple. */
+  orig: Tuple;
+  serviceId: number;
+  netnsIno: number;
+  /** OR of the TCP flags seen, per direction. */
+  tcpFlags: [number, number];
+}
+
+/** A decoded batch: the events, and the flows' counter records, each in kernel order. */
+export interface DecodedBatch {
+  events: KernelEvent[];
+  stats: FlowStatsRecord[];
 }
 
 export class DecodeError extends Error {
@@ -157,19 +184,52 @@ function decodeAt(dv: DataView, b: Uint8Array, o: number): KernelEvent {
   return e;
 }
 
+const S = FLOW_STATS.fields;
+const C = FLOW_COUNTERS.fields;
+
+function u64(dv: DataView, o: number): number {
+  return Number(dv.getBigUint64(o, true));
+}
+
+function decodeStatsAt(dv: DataView, b: Uint8Array, o: number): FlowStatsRecord {
+  const c = o + S.c[0];
+  return {
+    tsNs: dv.getBigUint64(o + S.ts_ns[0], true),
+    ctId: hex64(dv, o + S.ct_id[0]),
+    reason: dv.getUint32(o + S.reason[0], true),
+    packets: [u64(dv, c + C.packets[0]), u64(dv, c + C.packets[0] + 8)],
+    bytes: [u64(dv, c + C.bytes[0]), u64(dv, c + C.bytes[0] + 8)],
+    drops: u64(dv, c + C.drops[0]),
+    firstNs: dv.getBigUint64(c + C.first_ns[0], true),
+    lastNs: dv.getBigUint64(c + C.last_ns[0], true),
+    orig: readTuple(dv, b, c + C.orig[0]),
+    serviceId: dv.getUint32(c + C.service_id[0], true),
+    netnsIno: dv.getUint32(c + C.netns_ino[0], true),
+    tcpFlags: [dv.getUint8(c + C.tcp_flags[0]), dv.getUint8(c + C.tcp_flags[0] + 1)],
+  };
+}
+
 /**
- * Decodes a whole batch: consecutive records, each `size` bytes long (a plain
- * event, or one carrying a packet capture). A batch that does not end on a
- * record boundary is rejected.
+ * Decodes a whole batch: consecutive records, each `size` bytes long (an
+ * event, one carrying a packet capture, or a flow's counters). A batch that
+ * does not end on a record boundary is rejected.
  */
-export function decodeBatch(buf: Uint8Array): KernelEvent[] {
+export function decodeBatch(buf: Uint8Array): DecodedBatch {
   const dv = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
-  const out: KernelEvent[] = [];
+  const out: DecodedBatch = { events: [], stats: [] };
   let o = 0;
   while (o < buf.byteLength) {
+    if (buf.byteLength - o < 4) throw new DecodeError(`batch of ${buf.byteLength} bytes ends inside a record at offset ${o}`);
+    if (dv.getUint16(o + F.kind[0], true) === EventKind.FLOW_STATS) {
+      if (dv.getUint16(o + S.size[0], true) !== FLOW_STATS.size || o + FLOW_STATS.size > buf.byteLength) {
+        throw new DecodeError(`flow counters record at offset ${o} is not ${FLOW_STATS.size} bytes`);
+      }
+      out.stats.push(decodeStatsAt(dv, buf, o));
+      o += FLOW_STATS.size;
+      continue;
+    }
     if (buf.byteLength - o < EVENT.size) throw new DecodeError(`batch of ${buf.byteLength} bytes ends inside a record at offset ${o}`);
-    const e = decodeAt(dv, buf, o);
-    out.push(e);
+    out.events.push(decodeAt(dv, buf, o));
     o += dv.getUint16(o + F.size[0], true);
   }
   return out;

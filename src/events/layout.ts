@@ -65,12 +65,57 @@ export const NFTRACE = {
   },
 } as const;
 
+/** struct svt_flow_counters: a flow's in-kernel counters (bpf/events.h). */
+export const FLOW_COUNTERS = {
+  size: 104,
+  fields: {
+    packets: [0, 16],
+    bytes: [16, 16],
+    drops: [32, 8],
+    first_ns: [40, 8],
+    last_ns: [48, 8],
+    last_report_ns: [56, 8],
+    orig: [64, 16],
+    seen: [80, 4],
+    last_status: [84, 4],
+    service_id: [88, 4],
+    netns_ino: [92, 4],
+    last_drop_reason: [96, 4],
+    tcp_flags: [100, 2],
+    last_tcp_state: [102, 1],
+  },
+} as const;
+
+/** struct svt_flow_stats: the ring-buffer record carrying a flow's counters. */
+export const FLOW_STATS = {
+  size: 136,
+  fields: {
+    kind: [0, 2],
+    size: [2, 2],
+    cpu: [4, 4],
+    ts_ns: [8, 8],
+    ct_id: [16, 8],
+    reason: [24, 4],
+    c: [32, 104],
+  },
+} as const;
+
+/** enum svt_stats_reason: why a flow's counters were reported. */
+export const StatsReason = { PERIODIC: 0, CLOSED: 1, REUSED: 2, EXPIRED: 3 } as const;
+
+/** Which native source a batch came from (native/batch_sink.h Channel). */
+export const Channel = { RING: 0, NETLINK: 1 } as const;
+
+/** Defaults the loader uses (SVT_RINGBUF_BYTES, SVT_STATS_INTERVAL_NS). */
+export const DEFAULT_RING_BUFFER_BYTES = 64 * 1024 * 1024;
+export const DEFAULT_STATS_INTERVAL_MS = 1000;
+
 /** Most packet bytes a record carries (SVT_MAX_SNAPLEN); with capture on every record is EVENT_CAP_SIZE long. */
 export const MAX_SNAPLEN = 128;
 export const EVENT_CAP_SIZE = EVENT.size + MAX_SNAPLEN;
 
 /** enum svt_event_kind */
-export const EventKind = { NF: 1, DEV_XMIT: 2, DEV_RECV: 3, DROP: 4, FIB: 5, CT_DESTROY: 6, NFTRACE: 7 } as const;
+export const EventKind = { NF: 1, DEV_XMIT: 2, DEV_RECV: 3, DROP: 4, FIB: 5, CT_DESTROY: 6, NFTRACE: 7, FLOW_STATS: 8 } as const;
 export type EventKindValue = (typeof EventKind)[keyof typeof EventKind];
 
 /** enum svt_nf_stage */

@@ -9,11 +9,12 @@
  * entry dies, so a NEW entry at a known address starts a new flow.
  */
 import { svctrace } from '../gen/svctrace';
-import { KernelEvent, RuleTrace, Tuple } from '../events/decode';
-import { Dir, EventKind, NfStage } from '../events/layout';
+import { FlowStatsRecord, KernelEvent, RuleTrace, Tuple } from '../events/decode';
+import { Dir, EventKind, NfStage, StatsReason } from '../events/layout';
 import { ctStatusNames, IPS_CONFIRMED, IPS_DST_NAT, IPS_SRC_NAT, NF_HOOK_NAMES, PROTO_NAMES, TCP_CT_STATES } from '../events/conntrack';
+import { wallNs } from '../clock';
 import { ServiceSpec } from '../net/ipv4';
-import { longFromBigint, toProtoEvent } from './to-proto';
+import { longFromBigint, protoTuple, toProtoEvent } from './to-proto';
 
 import pb = svctrace.v1;
 const Stage = pb.Stage;
@@ -52,8 +53,13 @@ export interface Flow {
   tcpState: number;
   dnat: boolean;
   masqueraded: boolean;
+  /** Counted in the kernel (svt_flow_state), per direction [original, reply]; from flow-stats records. */
   packets: [number, number];
   bytes: [number, number];
+  /** Packets of the flow the kernel dropped (counted in the kernel, every retry included). */
+  kernelDrops: number;
+  /** The counters are the flow's last (it ended: closed, address reused, or expired). */
+  countersFinal: boolean;
   firstTsNs: bigint;
   lastTsNs: bigint;
   closed: boolean;
@@ -94,6 +100,8 @@ export interface FlowSummary {
   perBackend: Record<string, number>;
   dropsByReason: Record<string, number>;
   resets: number;
+  /** Flows removed from the table to stay under maxFlows (their later events start new flows). */
+  evicted: number;
 }
 
 function sameTuple(a: Tuple, b: Tuple): boolean {
@@ -118,7 +126,7 @@ export class FlowTable {
   private nextId = 1;
   private readonly opts: Required<Omit<FlowTableOptions, 'netnsName' | 'dropReasons'>> & Pick<FlowTableOptions, 'netnsName'>;
   private readonly dropReasons: Record<string, string>;
-  private readonly summaryCounters: FlowSummary = { flows: 0, closed: 0, perBackend: {}, dropsByReason: {}, resets: 0 };
+  private readonly summaryCounters: FlowSummary = { flows: 0, closed: 0, perBackend: {}, dropsByReason: {}, resets: 0, evicted: 0 };
 
   constructor(opts: FlowTableOptions) {
     this.opts = {
@@ -153,10 +161,18 @@ export class FlowTable {
     return this.dropReasons[String(reason)] ?? `reason ${reason}`;
   }
 
-  /** Ingests a batch; events are processed in kernel-timestamp order. */
-  ingest(events: KernelEvent[]): Ingested[] {
+  /**
+   * Ingests a batch; events are processed in kernel-timestamp order, after
+   * the batch's flow counters (absolute values: a flow's final counters are
+   * in place before its close event).
+   */
+  ingest(events: KernelEvent[], stats: FlowStatsRecord[] = []): Ingested[] {
     const sorted = events.length > 1 ? [...events].sort((a, b) => (a.tsNs < b.tsNs ? -1 : a.tsNs > b.tsNs ? 1 : 0)) : events;
     const out: Ingested[] = [];
+    for (const r of stats) {
+      const i = this.applyStats(r);
+      if (i) out.push(i);
+    }
     for (const e of sorted) {
       const r = this.ingestOne(e);
       if (r) out.push(r);
@@ -168,7 +184,59 @@ export class FlowTable {
 
   private readonly deferred: Ingested[] = [];
 
-  private newFlow(key: string, e: KernelEvent, orig: Tuple): Flow {
+  /**
+   * A flow's counters from the kernel. A flow whose events never arrived
+   * (they did not fit the ring buffer) is created from its counters, so it
+   * is still counted and shown.
+   */
+  private applyStats(r: FlowStatsRecord): Ingested | undefined {
+    const key = `ct:${r.ctId}`;
+    let f = this.byKey.get(key);
+    if (f && !sameTuple(f.orig, r.orig)) {
+      if (r.reason !== StatsReason.REUSED) return undefined; // a newer flow holds the address
+      // The old flow's final account, after its events: it was already replaced.
+      return undefined;
+    }
+    if (!f) {
+      if (r.reason === StatsReason.REUSED || r.reason === StatsReason.EXPIRED) return undefined; // long gone from the table
+      f = this.newFlowFromStats(key, r);
+    }
+    f.packets = [r.packets[0], r.packets[1]];
+    f.bytes = [r.bytes[0], r.bytes[1]];
+    f.kernelDrops = r.drops;
+    if (r.lastNs > f.lastTsNs) f.lastTsNs = r.lastNs;
+    const final = r.reason !== StatsReason.PERIODIC;
+    if (final) f.countersFinal = true;
+    const entry: TimelineEntry = { tsNs: r.tsNs, stage: Stage.STAGE_UNSPECIFIED, summary: '', milestone: false };
+    const event: pb.IEvent = {
+      tsNs: longFromBigint(wallNs(r.tsNs)),
+      kind: pb.EventKind.EVENT_KIND_FLOW_STATS,
+      flowId: f.id,
+      service: f.service,
+      direction: pb.Direction.DIRECTION_ORIGINAL,
+      packet: protoTuple(f.orig),
+      conntrack: { id: f.ctId },
+      counters: {
+        packetsOriginal: r.packets[0],
+        bytesOriginal: r.bytes[0],
+        packetsReply: r.packets[1],
+        bytesReply: r.bytes[1],
+        drops: r.drops,
+        final,
+        reason: STATS_REASON_NAMES[r.reason] ?? String(r.reason),
+      },
+    };
+    if (f.dnat) event.backend = endpoint(f.reply.saddr, f.reply.sport);
+    return { flow: f, event, entry };
+  }
+
+  private newFlowFromStats(key: string, r: FlowStatsRecord): Flow {
+    const f = this.newFlow(key, { netnsIno: r.netnsIno, serviceId: r.serviceId, tsNs: r.firstNs, kind: EventKind.NF, ctReply: r.orig, ctId: r.ctId }, r.orig);
+    f.nodeNetnsIno = r.netnsIno;
+    return f;
+  }
+
+  private newFlow(key: string, e: Pick<KernelEvent, 'netnsIno' | 'serviceId' | 'tsNs' | 'kind' | 'ctReply' | 'ctId'>, orig: Tuple): Flow {
     if (this.byKey.size >= this.opts.maxFlows) this.evictOldest();
     const tupleIndexKey = `${e.netnsIno}|${tupleKey(orig)}`;
     const f: Flow = {
@@ -188,6 +256,8 @@ export class FlowTable {
       masqueraded: false,
       packets: [0, 0],
       bytes: [0, 0],
+      kernelDrops: 0,
+      countersFinal: false,
       firstTsNs: e.tsNs,
       lastTsNs: e.tsNs,
       closed: false,
@@ -274,7 +344,7 @@ export class FlowTable {
     const entry: TimelineEntry = { tsNs, stage: Stage.STAGE_DNAT, summary, milestone: true, label: 'rules' };
     if (f.timeline.length < this.opts.maxTimeline) f.timeline.push(entry);
     const event: pb.IEvent = {
-      tsNs: longFromBigint(tsNs),
+      tsNs: longFromBigint(wallNs(tsNs)),
       kind: pb.EventKind.EVENT_KIND_RULE_TRACE,
       flowId: f.id,
       service: f.service,
@@ -290,7 +360,10 @@ export class FlowTable {
 
   private evictOldest(): void {
     const first = this.byKey.values().next();
-    if (!first.done) this.remove(first.value);
+    if (!first.done) {
+      this.remove(first.value);
+      this.summaryCounters.evicted++;
+    }
   }
 
   private remove(f: Flow): void {
@@ -376,13 +449,8 @@ export class FlowTable {
       const b = endpoint(e.ctReply.saddr, e.ctReply.sport);
       this.summaryCounters.perBackend[b] = (this.summaryCounters.perBackend[b] ?? 0) + 1;
     }
-    // Each packet crosses exactly one of PRE_ROUTING / LOCAL_OUT in the
-    // node's namespace: count it there, before NAT.
-    const hook = NF_HOOK_NAMES[e.nfHook];
-    if (e.nfStage === NfStage.BEFORE_NAT && (hook === 'PRE_ROUTING' || hook === 'LOCAL_OUT')) {
-      f.packets[e.dir]! += 1;
-      f.bytes[e.dir]! += e.pktLen;
-    }
+    // Packets and bytes are counted in the kernel (applyStats), not here:
+    // established packets do not reach user space one by one.
   }
 
   /** Stage, summary and whether this is a first-time milestone of the flow. */
@@ -530,6 +598,13 @@ export class FlowTable {
   }
 }
 
+const STATS_REASON_NAMES: Record<number, string> = {
+  [StatsReason.PERIODIC]: 'periodic',
+  [StatsReason.CLOSED]: 'closed',
+  [StatsReason.REUSED]: 'reused',
+  [StatsReason.EXPIRED]: 'expired',
+};
+
 /** ICMP destination-unreachable codes (RFC 792/1122), as REJECT sends them. */
 const ICMP_UNREACH: Record<number, string> = {
   0: 'net unreachable',
@@ -558,8 +633,8 @@ export function flowToProto(f: Flow): pb.IFlow {
     bytesOriginal: f.bytes[0],
     packetsReply: f.packets[1],
     bytesReply: f.bytes[1],
-    firstTsNs: longFromBigint(f.firstTsNs),
-    lastTsNs: longFromBigint(f.lastTsNs),
+    firstTsNs: longFromBigint(wallNs(f.firstTsNs)),
+    lastTsNs: longFromBigint(wallNs(f.lastTsNs)),
     closed: f.closed,
     drops: f.drops,
     reset: f.reset,

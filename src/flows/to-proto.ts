@@ -7,6 +7,7 @@ import { svctrace } from '../gen/svctrace';
 import { KernelEvent, Tuple } from '../events/decode';
 import { EventKind, NfStage, Dir } from '../events/layout';
 import { ctStatusNames, TCP_CT_STATES, tcpFlagNames } from '../events/conntrack';
+import { wallNs } from '../clock';
 
 import pb = svctrace.v1;
 
@@ -46,7 +47,7 @@ export interface EventContext {
 
 export function toProtoEvent(e: KernelEvent, ctx: EventContext): pb.IEvent {
   const out: pb.IEvent = {
-    tsNs: longFromBigint(e.tsNs),
+    tsNs: longFromBigint(wallNs(e.tsNs)),
     kind: KIND[e.kind] ?? pb.EventKind.EVENT_KIND_UNSPECIFIED,
     flowId: ctx.flowId,
     service: ctx.service,

@@ -17,6 +17,8 @@ export interface NativeLayout {
   svt_tuple: StructLayout;
   svt_event: StructLayout;
   svt_nftrace: StructLayout;
+  svt_flow_counters: StructLayout;
+  svt_flow_stats: StructLayout;
   kinds: Record<string, number>;
   consts: Record<string, number>;
 }
@@ -44,36 +46,56 @@ export interface NativeService {
 }
 
 export interface NativeStats {
+  /** Records written into the ring buffer (events and flow counters). */
   kernelEvents: number;
+  /** Records the kernel could not write: the ring buffer was full (JS behind). */
   ringbufLost: number;
   flowsStarted: number;
+  /** Flows the kernel could not keep counters for (svt_flow_state full). */
+  flowStateFull: number;
+  /** Packets of tracked flows counted in the kernel (never reported one by one). */
+  packetsCounted: number;
+  ringBufferBytes: number;
   recordsRead: number;
   batchesDelivered: number;
-  readerDropped: number;
+  /** Records read from the ring but not handed to JS when the reader stopped. */
+  readerLostAtClose: number;
+  /** Times the reader held back because JS held its maximum of batches. */
+  readerHeldBack: number;
   malformed: number;
+  /** Not yet delivered: bytes in the ring, records pending in the reader, batches JS holds. */
+  ringBacklogBytes: number;
+  readerPending: number;
+  batchesInFlight: number;
   links: number;
   /** Tracked flows the kernel believes alive (a hint: may over-count). */
   activeFlows: number;
   ctDestroyEvents: number;
   ruleTraceEvents: number;
   ctOverruns: number;
+  ruleTraceOverruns: number;
+  /** Netlink records read but not handed to JS when a listener stopped. */
+  listenerLostAtClose: number;
 }
 
 export interface NativeTracer {
   load(): void;
   setServices(services: NativeService[]): number;
   attachNetfilter(netnsPath: string): { netnsIno: number; links: number };
-  start(onBatch: (batch: Buffer, count: number) => void): void;
+  /** channel: 0 the BPF ring buffer, 1 a conntrack netlink listener (native/batch_sink.h). */
+  start(onBatch: (batch: Buffer, count: number, channel: number) => void): void;
   stats(): NativeStats;
   close(): void;
   /** Reads nftables trace messages in a namespace: batches of struct svt_nftrace. */
   traceRules(netnsPath: string, onBatch: (batch: Buffer, count: number) => void): void;
+  /** Removes the kernel state of flows idle for idleMs; returns their final counters (svt_flow_stats records). */
+  expireFlowState(idleMs: number): Buffer;
   /** Benchmarks only: emit `count` synthetic events of `flows` flows (needs benchSource). */
   benchEmit(count: number, flows: number): void;
 }
 
 export interface NativeBinding {
-  Tracer: new (opts?: { snaplen?: number; benchSource?: boolean; allPackets?: boolean }) => NativeTracer;
+  Tracer: new (opts?: { snaplen?: number; benchSource?: boolean; allPackets?: boolean; ringBufferBytes?: number; statsIntervalMs?: number }) => NativeTracer;
   probeFeatures(): NativeFeatures;
   layout(): NativeLayout;
   dropReasons(): Record<string, string>;

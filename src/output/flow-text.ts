@@ -7,6 +7,7 @@ import { svctrace } from '../gen/svctrace';
 import { Flow, FlowSummary, Ingested } from '../flows/flow-table';
 import { PROTO_NAMES } from '../events/conntrack';
 import type { TracerStats } from '../tracer/tracer';
+import { formatLosses, kernelLosses, totalLost } from '../tracer/losses';
 
 import pb = svctrace.v1;
 
@@ -89,10 +90,11 @@ export function formatSummary(s: FlowSummary, stats: TracerStats, backendName: (
   }
   const drops = Object.entries(s.dropsByReason);
   lines.push(drops.length ? `  drops by reason: ${drops.map(([r, n]) => `${r}=${n}`).join(' ')}` : '  drops: none');
-  const lost = stats.ringbufLost + stats.readerDropped + stats.ctOverruns;
+  const losses = { ...kernelLosses(stats), flow_table: s.evicted };
+  const lost = totalLost(losses);
   lines.push(
-    `  events: ${stats.recordsRead} kernel + ${stats.ctDestroyEvents} conntrack destroy, lost: ${lost}` +
-      (lost ? ` (ring buffer ${stats.ringbufLost}, reader ${stats.readerDropped}, netlink ${stats.ctOverruns})` : ''),
+    `  events: ${stats.recordsRead} kernel + ${stats.ctDestroyEvents} conntrack destroy (${stats.packetsCounted} packets counted in the kernel), lost: ${lost}` +
+      (lost ? ` (${formatLosses(losses)})` : ''),
   );
   return lines.join('\n');
 }

@@ -12,6 +12,7 @@ import { svctrace } from '../gen/svctrace';
 import { SvctraceError } from '../errors';
 import { ServiceSpec } from '../net/ipv4';
 import { FlowTracer } from '../tracer/flow-tracer';
+import { totalLost } from '../tracer/losses';
 import { resolveNetns } from '../tracer/netns';
 import { waitForStop } from '../tracer/session';
 import { serviceLabel } from '../flows/flow-table';
@@ -120,7 +121,8 @@ export async function record(opts: RecordOptions): Promise<pb.IRecordingTrailer>
   const trailer: pb.IRecordingTrailer = {
     events,
     flows: summary.flows,
-    kernelLost: stats.ringbufLost + stats.readerDropped + stats.ctOverruns,
+    kernelLost: totalLost(tracer.losses()),
+    lostByStage: tracer.losses() as Record<string, number>,
     endedAt: new Date().toISOString(),
     endedMonoNs: mono(),
     dropsByReason: summary.dropsByReason,

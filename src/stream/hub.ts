@@ -21,6 +21,8 @@ export interface HubSource {
   replay?: boolean;
   /** Kernel-side losses so far. */
   kernelLost(): number;
+  /** Losses per stage before the hub (kernel, addon, flow table), when known. */
+  lostByStage?(): Record<string, number>;
   activeFlows(): number;
   dropsByReason(): Record<string, number>;
   /** Flows changed since the last call. */
@@ -82,6 +84,13 @@ export class Hub {
     for (const c of this.clients) c.offer(encoded);
   }
 
+  /** Events dropped from slow clients' queues, all clients (current ones). */
+  clientsDropped(): number {
+    let n = 0;
+    for (const c of this.clients) n += c.dropped;
+    return n;
+  }
+
   flushAll(): void {
     for (const c of this.clients) c.flush();
   }
@@ -97,6 +106,7 @@ export class Hub {
       clients: this.clients.size,
       dropsByReason: this.source.dropsByReason(),
       eventsPerSecond: this.rate,
+      lostByStage: { ...this.source.lostByStage?.(), client_queues: this.clientsDropped() },
     };
   }
 

@@ -31,6 +31,7 @@ function installMarkerCleanup(m: RuleMarker): void {
   });
 }
 import { TracerStats } from './tracer';
+import { kernelLosses, StageLosses, totalLost } from './losses';
 
 export interface FlowTracerOptions {
   services: ServiceSpec[];
@@ -41,6 +42,10 @@ export interface FlowTracerOptions {
   maxFlows?: number;
   snaplen?: number;
   allPackets?: boolean;
+  /** Size of the kernel ring buffer in bytes (a power of two; default 64 MiB). */
+  ringBufferBytes?: number;
+  /** How often an active flow's counters are reported (default 1000 ms). */
+  statsIntervalMs?: number;
   /** Observe the kube-proxy rule path of each new connection with nftables tracing (default true; needs nft). */
   ruleTrace?: boolean;
   /** Told once when rule tracing cannot run here (e.g. nft missing). */
@@ -134,8 +139,10 @@ export class FlowTracer {
       netns: opts.netns,
       snaplen: opts.snaplen,
       allPackets: opts.allPackets,
-      onEvents: (events) => {
-        const items = table.ingest(events);
+      ringBufferBytes: opts.ringBufferBytes,
+      statsIntervalMs: opts.statsIntervalMs,
+      onEvents: (batch) => {
+        const items = table.ingest(batch.events, batch.stats);
         if (inferFrom) items.push(...inferRulePaths(table, inferFrom, items));
         for (const { flow, event } of items) {
           if (flow.backendNetns && flow.dnat) shared.backendNetns.set(flow.reply.saddr, flow.backendNetns);
@@ -177,10 +184,8 @@ export class FlowTracer {
   hubSource(): HubSource {
     return {
       services: this.session.services.map(serviceLabel),
-      kernelLost: () => {
-        const s = this.stats();
-        return s.ringbufLost + s.readerDropped + s.ctOverruns;
-      },
+      kernelLost: () => totalLost(this.losses()),
+      lostByStage: () => this.losses(),
       activeFlows: () => this.table.size,
       dropsByReason: () => this.table.summary().dropsByReason,
       takeChangedFlows: () => {
@@ -199,6 +204,11 @@ export class FlowTracer {
 
   stats(): TracerStats {
     return this.session.stats();
+  }
+
+  /** Events lost so far, per stage (kernel, addon, flow table). */
+  losses(): Partial<StageLosses> {
+    return { ...kernelLosses(this.stats()), flow_table: this.table.summary().evicted };
   }
 
   async stop(): Promise<{ summary: FlowSummary; stats: TracerStats }> {

@@ -4,7 +4,7 @@
  * stop on a deadline or a signal, and summarize.
  */
 import { SvctraceError } from '../errors';
-import { KernelEvent } from '../events/decode';
+import { DecodedBatch } from '../events/decode';
 import { ServiceSpec } from '../net/ipv4';
 import { Tracer, TracerStats } from './tracer';
 
@@ -12,28 +12,39 @@ export interface SessionOptions {
   services: ServiceSpec[];
   /** Namespaces (names or paths) to attach the netfilter observers in. */
   netns: string[];
-  onEvents: (events: KernelEvent[]) => void;
+  onEvents: (batch: DecodedBatch) => void;
   /** Packet bytes to capture per event (0 = off, the default). */
   snaplen?: number;
   /** Every packet at every hook instead of the transitions. */
   allPackets?: boolean;
+  /** Size of the kernel ring buffer in bytes (a power of two). */
+  ringBufferBytes?: number;
+  /** How often an active flow's counters are reported (ms). */
+  statsIntervalMs?: number;
 }
+
+/** Kernel flow state with no packet for this long is expired (its end was never reported). */
+const FLOW_STATE_IDLE_MS = 30 * 60_000;
+const FLOW_STATE_SWEEP_MS = 30_000;
 
 export class TraceSession {
   readonly tracer: Tracer;
   readonly services: ServiceSpec[];
   private stopped = false;
+  private readonly sweepTimer: NodeJS.Timeout;
 
   private constructor(tracer: Tracer, services: ServiceSpec[]) {
     this.tracer = tracer;
     this.services = services;
+    this.sweepTimer = setInterval(() => tracer.expireIdleFlows(FLOW_STATE_IDLE_MS), FLOW_STATE_SWEEP_MS);
+    this.sweepTimer.unref();
   }
 
   /** Everything up to hooks attached; on failure nothing stays attached. */
   static start(opts: SessionOptions): TraceSession {
     if (opts.services.length === 0) throw new SvctraceError('BAD_INPUT', 'give at least one --service IP:port or --nodeport PORT');
     if (opts.netns.length === 0) throw new SvctraceError('BAD_INPUT', 'give at least one network namespace to attach in');
-    const tracer = Tracer.open({ snaplen: opts.snaplen, allPackets: opts.allPackets });
+    const tracer = Tracer.open({ snaplen: opts.snaplen, allPackets: opts.allPackets, ringBufferBytes: opts.ringBufferBytes, statsIntervalMs: opts.statsIntervalMs });
     try {
       tracer.setServices(opts.services);
       for (const ns of opts.netns) tracer.attachNetns(ns);
@@ -58,8 +69,11 @@ export class TraceSession {
   async stop(): Promise<TracerStats> {
     if (!this.stopped) {
       this.stopped = true;
-      // The reader flushes every few ms; give in-flight batches time to land.
-      await new Promise((r) => setTimeout(r, 50));
+      clearInterval(this.sweepTimer);
+      // Everything produced so far reaches JS first (bounded wait: a
+      // stalled consumer must not keep the process from ending; what is
+      // left is counted as lost at shutdown).
+      await this.tracer.drain(2000);
       this.tracer.close();
     }
     return this.tracer.stats();

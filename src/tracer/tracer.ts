@@ -4,9 +4,11 @@
  * decoded events in batches. Native errors become SvctraceErrors.
  */
 import { fromNativeError, SvctraceError } from '../errors';
-import { decodeBatch, decodeRuleTraces, KernelEvent, RuleTrace } from '../events/decode';
+import { decodeBatch, decodeRuleTraces, DecodedBatch, RuleTrace } from '../events/decode';
 import { parseIPv4, ServiceSpec } from '../net/ipv4';
 import { loadBinding, NativeStats, NativeTracer } from '../native/binding';
+import { Channel, FLOW_STATS } from '../events/layout';
+import { ChannelMerge } from './channel-merge';
 import { resolveNetns } from './netns';
 
 export type TracerStats = NativeStats & { batchCallbacks: number; decodeErrors: number };
@@ -21,6 +23,13 @@ function installExitHook(): void {
   process.once('exit', () => {
     for (const t of openTracers) t.close();
   });
+}
+
+export interface TracerOpenOptions {
+  snaplen?: number;
+  allPackets?: boolean;
+  ringBufferBytes?: number;
+  statsIntervalMs?: number;
 }
 
 export interface AttachedNetns {
@@ -45,13 +54,20 @@ export class Tracer {
   /**
    * Opens and loads the BPF programs (verifier runs here). snaplen: packet
    * bytes to capture per event (0 = off). allPackets: an event for every
-   * packet at every hook, not only the transitions.
+   * packet at every hook, not only the transitions. ringBufferBytes: the
+   * kernel ring buffer (the one buffer when user space is behind).
+   * statsIntervalMs: how often an active flow's counters are reported.
    */
-  static open(opts: { snaplen?: number; allPackets?: boolean } = {}): Tracer {
+  static open(opts: TracerOpenOptions = {}): Tracer {
     const binding = loadBinding();
     let native: NativeTracer;
     try {
-      native = new binding.Tracer({ snaplen: opts.snaplen ?? 0, allPackets: !!opts.allPackets });
+      native = new binding.Tracer({
+        snaplen: opts.snaplen ?? 0,
+        allPackets: !!opts.allPackets,
+        ...(opts.ringBufferBytes !== undefined ? { ringBufferBytes: opts.ringBufferBytes } : {}),
+        ...(opts.statsIntervalMs !== undefined ? { statsIntervalMs: opts.statsIntervalMs } : {}),
+      });
       native.load();
     } catch (e) {
       throw fromNativeError(e);
@@ -93,31 +109,86 @@ export class Tracer {
   }
 
   /**
-   * Starts draining the ring buffer; `onEvents` gets each native batch
-   * decoded, in kernel order. It must not throw (errors are reported to
-   * `onError`, default: stderr).
+   * Starts draining the ring buffer; `onBatch` gets each native batch
+   * decoded (events and flow counters), in kernel order. While it runs the
+   * addon holds back: a slow handler makes records wait in the kernel's ring
+   * buffer, never dropped on the way. It must not throw (errors are
+   * reported to `onError`, default: stderr).
    */
-  start(onEvents: (events: KernelEvent[]) => void, onError?: (e: unknown) => void): void {
+  start(onBatch: (batch: DecodedBatch) => void, onError?: (e: unknown) => void): void {
     const report = onError ?? ((e: unknown) => process.stderr.write(`svctrace: ${String(e)}\n`));
+    this.report = report;
+    this.merge = new ChannelMerge((b) => {
+      try {
+        onBatch(b);
+      } catch (e) {
+        report(e);
+      }
+    });
     try {
-      this.n.start((buf) => {
-        this.batchCallbacks++;
-        let events: KernelEvent[];
-        try {
-          events = decodeBatch(buf);
-        } catch (e) {
-          this.decodeErrors++;
-          report(e);
-          return;
-        }
-        try {
-          onEvents(events);
-        } catch (e) {
-          report(e);
-        }
-      });
+      this.n.start((buf, _count, channel) => this.deliver(buf, channel));
     } catch (e) {
       throw fromNativeError(e);
+    }
+    // Netlink batches held for ordering are released once the ring is idle.
+    this.mergeTimer = setInterval(() => {
+      if (this.merge?.holding && this.native) this.merge.release(this.ringIdle());
+    }, 10);
+    this.mergeTimer.unref();
+  }
+
+  private merge?: ChannelMerge;
+  private mergeTimer?: NodeJS.Timeout;
+  private report: (e: unknown) => void = () => {};
+
+  private deliver(buf: Uint8Array, channel: number = Channel.RING): void {
+    this.batchCallbacks++;
+    let batch: DecodedBatch;
+    try {
+      batch = decodeBatch(buf);
+    } catch (e) {
+      this.decodeErrors++;
+      this.report(e);
+      return;
+    }
+    if (channel === Channel.NETLINK) this.merge?.netlink(batch);
+    else this.merge?.ring(batch);
+  }
+
+  /** Everything the ring produced so far has reached JS. */
+  private ringIdle(): boolean {
+    const s = this.n.stats();
+    return s.ringBacklogBytes === 0 && s.readerPending === 0 && s.batchesInFlight === 0;
+  }
+
+  /**
+   * Removes the kernel state of flows with no packet for idleMs (their end
+   * was never reported) and delivers their final counters like any batch.
+   * Returns how many.
+   */
+  expireIdleFlows(idleMs: number): number {
+    const buf = this.n.expireFlowState(idleMs);
+    if (buf.byteLength) this.deliver(buf);
+    return buf.byteLength / FLOW_STATS.size;
+  }
+
+  /**
+   * Waits until everything the kernel produced so far has reached JS (ring
+   * empty, nothing pending in the reader, no batch in flight), at most
+   * `timeoutMs`. True when drained.
+   */
+  async drain(timeoutMs = 2000): Promise<boolean> {
+    const end = Date.now() + timeoutMs;
+    for (;;) {
+      if (this.ringIdle()) {
+        this.merge?.release(true);
+        return true;
+      }
+      if (Date.now() >= end) {
+        this.merge?.release(true);
+        return false;
+      }
+      await new Promise((r) => setTimeout(r, 5));
     }
   }
 
@@ -156,6 +227,8 @@ export class Tracer {
     } catch {
       // keep the previous snapshot
     }
+    if (this.mergeTimer) clearInterval(this.mergeTimer);
+    this.merge?.release(true);
     this.native.close();
     this.native = null;
     openTracers.delete(this);

@@ -31,7 +31,7 @@ describe('batch delivery (kernel)', () => {
     let callbacks = 0;
     tracer.start((b) => {
       callbacks++;
-      events += b.length;
+      events += b.events.length + b.stats.length;
     });
     // 3000 datagrams from distinct source ports in one burst: each is its
     // own conntrack entry, seen at several hooks.

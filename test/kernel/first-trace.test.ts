@@ -41,7 +41,7 @@ describe('first real trace (kernel)', () => {
     assert.equal(att.links, 8);
     // bpftool (not svctrace) sees our eight netfilter links.
     assert.equal(netfilterLinks().length, linksBefore + 8);
-    tracer.start((b) => events.push(...b));
+    tracer.start((b) => events.push(...b.events));
 
     const N = 6;
     const clientPorts: string[] = [];

@@ -1,7 +1,7 @@
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { loadBinding } from '../../src/native/binding';
-import { Dir, EVENT, EVENT_CAP_SIZE, EventKind, MAX_SNAPLEN, NFTRACE, NF_PRIO_DNAT, NF_PRIO_SNAT, NfStage, TUPLE } from '../../src/events/layout';
+import { Channel, DEFAULT_RING_BUFFER_BYTES, DEFAULT_STATS_INTERVAL_MS, Dir, EVENT, EVENT_CAP_SIZE, EventKind, FLOW_COUNTERS, FLOW_STATS, MAX_SNAPLEN, NFTRACE, NF_PRIO_DNAT, NF_PRIO_SNAT, NfStage, StatsReason, TUPLE } from '../../src/events/layout';
 
 // The addon reports the layout bpf/events.h compiled to; the decoder's
 // literal offsets must match it field by field.
@@ -22,6 +22,16 @@ describe('event ABI parity (bpf/events.h vs src/events/layout.ts)', () => {
     assert.deepEqual(Object.fromEntries(Object.entries(NFTRACE.fields).map(([k, v]) => [k, [...v]])), n.fields);
   });
 
+  it('svt_flow_counters and svt_flow_stats match', () => {
+    for (const [ts, n] of [
+      [FLOW_COUNTERS, native.svt_flow_counters],
+      [FLOW_STATS, native.svt_flow_stats],
+    ] as const) {
+      assert.equal(ts.size, n.size);
+      assert.deepEqual(Object.fromEntries(Object.entries(ts.fields).map(([k, v]) => [k, [...v]])), n.fields);
+    }
+  });
+
   it('svt_tuple matches', () => {
     assert.equal(TUPLE.size, native.svt_tuple.size);
     assert.deepEqual(Object.fromEntries(Object.entries(TUPLE.fields).map(([k, v]) => [k, [...v]])), native.svt_tuple.fields);
@@ -37,5 +47,12 @@ describe('event ABI parity (bpf/events.h vs src/events/layout.ts)', () => {
     assert.equal(native.consts.DIR_REPLY, Dir.REPLY);
     assert.equal(native.consts.MAX_SNAPLEN, MAX_SNAPLEN);
     assert.equal(native.consts.EVENT_CAP_SIZE, EVENT_CAP_SIZE);
+    assert.equal(native.consts.RINGBUF_BYTES, DEFAULT_RING_BUFFER_BYTES);
+    assert.deepEqual({ RING: native.consts.CHANNEL_RING, NETLINK: native.consts.CHANNEL_NETLINK }, { ...Channel });
+    assert.equal(native.consts.STATS_INTERVAL_MS, DEFAULT_STATS_INTERVAL_MS);
+    assert.deepEqual(
+      { PERIODIC: native.consts.STATS_PERIODIC, CLOSED: native.consts.STATS_CLOSED, REUSED: native.consts.STATS_REUSED, EXPIRED: native.consts.STATS_EXPIRED },
+      { ...StatsReason },
+    );
   });
 });

@@ -1,7 +1,7 @@
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { decodeBatch, DecodeError } from '../../src/events/decode';
-import { EVENT, EVENT_CAP_SIZE, EventKind } from '../../src/events/layout';
+import { EVENT, EVENT_CAP_SIZE, EventKind, FLOW_COUNTERS, FLOW_STATS, StatsReason } from '../../src/events/layout';
 
 const F = EVENT.fields;
 
@@ -28,7 +28,7 @@ function record(over: { kind?: number; size?: number; daddr?: number[]; dport?: 
 
 describe('decodeBatch', () => {
   it('decodes addresses, ports (network order) and host-order fields', () => {
-    const [e] = decodeBatch(record());
+    const [e] = decodeBatch(record()).events;
     assert.ok(e);
     assert.equal(e.kind, EventKind.NF);
     assert.equal(e.tsNs, 123456789n);
@@ -42,7 +42,7 @@ describe('decodeBatch', () => {
   });
 
   it('decodes several records in order', () => {
-    const evs = decodeBatch(Buffer.concat([record({ dport: 80 }), record({ daddr: [10, 244, 1, 12], dport: 8080, prio: -99 })]));
+    const evs = decodeBatch(Buffer.concat([record({ dport: 80 }), record({ daddr: [10, 244, 1, 12], dport: 8080, prio: -99 })])).events;
     assert.equal(evs.length, 2);
     assert.equal(evs[1]?.pkt.daddr, '10.244.1.12');
     assert.equal(evs[1]?.pkt.dport, 8080);
@@ -50,7 +50,7 @@ describe('decodeBatch', () => {
   });
 
   it('reads a full-length interface name without a terminator', () => {
-    const [e] = decodeBatch(record({ ifname: 'abcdefghijklmnop' }));
+    const [e] = decodeBatch(record({ ifname: 'abcdefghijklmnop' })).events;
     assert.equal(e?.ifname, 'abcdefghijklmnop');
   });
 
@@ -62,7 +62,7 @@ describe('decodeBatch', () => {
     const cap = Buffer.concat([record({ size: EVENT_CAP_SIZE }), Buffer.alloc(EVENT_CAP_SIZE - EVENT.size)]);
     cap.writeUInt16LE(4, EVENT.fields.cap_len[0]);
     Buffer.from([0x45, 0, 0, 60]).copy(cap, EVENT.size);
-    const evs = decodeBatch(Buffer.concat([cap, record()]));
+    const evs = decodeBatch(Buffer.concat([cap, record()])).events;
     assert.equal(evs.length, 2);
     assert.deepEqual([...evs[0]!.capture!], [0x45, 0, 0, 60]);
     assert.equal(evs[1]!.capture, undefined);
@@ -74,7 +74,45 @@ describe('decodeBatch', () => {
 
   it('decodes from a buffer view with a non-zero byteOffset', () => {
     const backing = Buffer.concat([Buffer.alloc(8), record()]);
-    const [e] = decodeBatch(backing.subarray(8));
+    const [e] = decodeBatch(backing.subarray(8)).events;
     assert.equal(e?.pkt.daddr, '10.96.0.100');
+  });
+
+  it('decodes a flow counters record between events, keeping both in order', () => {
+    const st = Buffer.alloc(FLOW_STATS.size);
+    const S = FLOW_STATS.fields;
+    const C = FLOW_COUNTERS.fields;
+    const c = S.c[0];
+    st.writeUInt16LE(EventKind.FLOW_STATS, S.kind[0]);
+    st.writeUInt16LE(FLOW_STATS.size, S.size[0]);
+    st.writeBigUInt64LE(5n, S.ts_ns[0]);
+    st.writeBigUInt64LE(0xffff888812345678n, S.ct_id[0]);
+    st.writeUInt32LE(StatsReason.CLOSED, S.reason[0]);
+    st.writeBigUInt64LE(1003n, c + C.packets[0]);
+    st.writeBigUInt64LE(1001n, c + C.packets[0] + 8);
+    st.writeBigUInt64LE(2n ** 40n, c + C.bytes[0]);
+    st.writeBigUInt64LE(77n, c + C.bytes[0] + 8);
+    Buffer.from([10, 96, 0, 100]).copy(st, c + C.orig[0] + 4);
+    st.writeUInt16BE(80, c + C.orig[0] + 10);
+    st.writeUInt8(0x1b, c + C.tcp_flags[0] + 1);
+    const { events, stats } = decodeBatch(Buffer.concat([record(), st, record({ dport: 81 })]));
+    assert.equal(events.length, 2);
+    assert.equal(events[1]!.pkt.dport, 81);
+    assert.equal(stats.length, 1);
+    const r = stats[0]!;
+    assert.equal(r.ctId, 'ffff888812345678');
+    assert.equal(r.reason, StatsReason.CLOSED);
+    assert.deepEqual(r.packets, [1003, 1001]);
+    assert.deepEqual(r.bytes, [2 ** 40, 77]);
+    assert.equal(r.orig.daddr, '10.96.0.100');
+    assert.equal(r.orig.dport, 80);
+    assert.deepEqual(r.tcpFlags, [0, 0x1b]);
+  });
+
+  it('rejects a truncated flow counters record', () => {
+    const st = Buffer.alloc(FLOW_STATS.size);
+    st.writeUInt16LE(EventKind.FLOW_STATS, 0);
+    st.writeUInt16LE(FLOW_STATS.size, 2);
+    assert.throws(() => decodeBatch(st.subarray(0, 100)), DecodeError);
   });
 });

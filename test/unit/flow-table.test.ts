@@ -1,8 +1,8 @@
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { FlowTable } from '../../src/flows/flow-table';
-import { KernelEvent, Tuple } from '../../src/events/decode';
-import { EventKind, NfStage, Dir } from '../../src/events/layout';
+import { FlowStatsRecord, KernelEvent, Tuple } from '../../src/events/decode';
+import { EventKind, NfStage, Dir, StatsReason } from '../../src/events/layout';
 import { IPS_CONFIRMED, IPS_DST_NAT, IPS_ASSURED, IPS_SEEN_REPLY } from '../../src/events/conntrack';
 import { parseServiceSpec } from '../../src/net/ipv4';
 import { svctrace } from '../../src/gen/svctrace';
@@ -22,6 +22,13 @@ function ev(over: Partial<KernelEvent>): KernelEvent {
   };
 }
 
+function stats(over: Partial<FlowStatsRecord>): FlowStatsRecord {
+  return {
+    tsNs: 500n, ctId: 'ffff1', reason: StatsReason.PERIODIC, packets: [0, 0], bytes: [0, 0], drops: 0, firstNs: 100n, lastNs: 500n,
+    orig, serviceId: 1, netnsIno: 111, tcpFlags: [0, 0], ...over,
+  };
+}
+
 function table(): FlowTable {
   return new FlowTable({ services: [parseServiceSpec('10.96.0.100:80')], dropReasons: { '2': 'NO_SOCKET', '12': 'NETFILTER_DROP' }, closeGraceMs: 1000 });
 }
@@ -35,17 +42,41 @@ describe('FlowTable', () => {
       ev({ tsNs: 120n, kind: EventKind.DEV_RECV, pkt: dnated, netnsIno: 222, ifname: 'eth0', linkKind: 'veth', ctOrig: { ...orig, proto: 0 } }),
       ev({ tsNs: 130n, dir: Dir.REPLY, nfHook: 1, nfStage: NfStage.AFTER_NAT, nfPriority: 101, tcpFlags: 0x12,
         pkt: { saddr: '10.96.0.100', daddr: '10.244.1.1', sport: 80, dport: 40000, proto: 6 }, ctStatus: IPS_DST_NAT | IPS_CONFIRMED | IPS_SEEN_REPLY | IPS_ASSURED }),
-      ev({ tsNs: 900n, kind: EventKind.CT_DESTROY, ctId: '', netnsIno: 111 }),
     ]);
+    // The kernel's final counters come just before the destroy, in its batch.
+    items.push(...t.ingest([ev({ tsNs: 900n, kind: EventKind.CT_DESTROY, ctId: '', netnsIno: 111 })], [stats({ tsNs: 900n, reason: StatsReason.CLOSED, packets: [6, 4], bytes: [400, 398] })]));
     assert.equal(t.size, 1);
-    const stages = items.map((i) => i.event.stage);
+    const stages = items.filter((i) => i.event.kind !== pb.EventKind.EVENT_KIND_FLOW_STATS).map((i) => i.event.stage);
     assert.deepEqual(stages, [pb.Stage.STAGE_MATCH, pb.Stage.STAGE_DNAT, pb.Stage.STAGE_DEVICE, pb.Stage.STAGE_REPLY, pb.Stage.STAGE_CLOSE]);
     const f = items[0]!.flow;
     assert.equal(f.dnat, true);
     assert.equal(f.closed, true);
-    assert.equal(f.packets[0], 1);
+    assert.deepEqual(f.packets, [6, 4]);
+    assert.deepEqual(f.bytes, [400, 398]);
+    assert.equal(f.countersFinal, true);
+    const counters = items.find((i) => i.event.kind === pb.EventKind.EVENT_KIND_FLOW_STATS)!.event.counters!;
+    assert.equal(counters.final, true);
+    assert.equal(counters.reason, 'closed');
     assert.deepEqual(t.summary().perBackend, { '10.244.1.12:8080': 1 });
     assert.match(items[3]!.entry.summary, /un-DNAT.*rewritten to 10\.96\.0\.100:80/);
+  });
+
+  it('counts packets only from the kernel\'s counters, and keeps a flow whose events never arrived', () => {
+    const t = table();
+    t.ingest([ev({ tsNs: 100n }), ev({ tsNs: 110n, nfStage: NfStage.AFTER_NAT, nfPriority: -99, ctStatus: IPS_DST_NAT })]);
+    const f = t.flows()[0]!;
+    assert.deepEqual(f.packets, [0, 0], 'events are not packets');
+    t.ingest([], [stats({ packets: [1000, 1000], bytes: [80_000, 150_000], lastNs: 5_000_000_000n })]);
+    assert.deepEqual(f.packets, [1000, 1000]);
+    assert.equal(f.lastTsNs, 5_000_000_000n, 'a quiet flow stays alive through its counters');
+    // A flow whose events were lost (full ring) still exists through its counters.
+    const lone: Tuple = { ...orig, sport: 40005 };
+    const [i] = t.ingest([], [stats({ ctId: 'ffff9', orig: lone, packets: [3, 2], reason: StatsReason.CLOSED })]);
+    assert.equal(i!.flow.orig.sport, 40005);
+    assert.equal(t.summary().flows, 2);
+    // Counters of a previous entry at a reused address never touch the new flow.
+    t.ingest([], [stats({ orig: lone, packets: [9, 9], reason: StatsReason.REUSED })]);
+    assert.deepEqual(f.packets, [1000, 1000]);
   });
 
   it('orders a batch by kernel time', () => {

@@ -1,0 +1,46 @@
+/**
+ * Events lost on the way, one counter per stage, named the same in every
+ * output (trace's summary, Status.lost_by_stage, /metrics, recordings'
+ * trailers). Nothing is dropped anywhere without being counted here.
+ */
+import type { NativeStats } from '../native/binding';
+
+export interface StageLosses {
+  /** Records the kernel could not write: the ring buffer was full (user space behind). */
+  ring_buffer: number;
+  /** Flows the kernel could not keep counters for (its flow-state map was full). */
+  flow_state: number;
+  /** Conntrack destroy messages the netlink socket could not queue (ENOBUFS). */
+  conntrack_netlink: number;
+  /** nftables trace messages the netlink socket could not queue. */
+  rule_trace_netlink: number;
+  /** Records read but not handed to JavaScript when the tracer stopped. */
+  shutdown: number;
+  /** Flows removed from the flow table to stay under its cap. */
+  flow_table: number;
+  /** Events a streaming client missed because it read too slowly (all clients). */
+  client_queues: number;
+}
+
+/** The kernel source's losses (the stages the addon and the kernel count). */
+export function kernelLosses(s: NativeStats): Pick<StageLosses, 'ring_buffer' | 'flow_state' | 'conntrack_netlink' | 'rule_trace_netlink' | 'shutdown'> {
+  return {
+    ring_buffer: s.ringbufLost,
+    flow_state: s.flowStateFull,
+    conntrack_netlink: s.ctOverruns,
+    rule_trace_netlink: s.ruleTraceOverruns,
+    shutdown: s.readerLostAtClose + s.listenerLostAtClose,
+  };
+}
+
+export function totalLost(l: Partial<StageLosses>): number {
+  return Object.values(l).reduce((n: number, v) => n + (v ?? 0), 0);
+}
+
+/** "ring_buffer=3 flow_table=1" for the stages that lost something; '' when none did. */
+export function formatLosses(l: Partial<StageLosses>): string {
+  return Object.entries(l)
+    .filter(([, v]) => v)
+    .map(([k, v]) => `${k}=${v}`)
+    .join(' ');
+}
