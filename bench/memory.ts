@@ -32,14 +32,24 @@ export async function benchMemory(opts: { quick: boolean }): Promise<object> {
       if (rss !== undefined) samples.push({ t: (Date.now() - t0) / 1000, rssMB: rss / 1e6 });
       if (s.exit) storm.stop(); // nothing left to measure
     }, 1000);
+    // The slow client's drops, polled: once stuck long enough it is disconnected and leaves /metrics.
+    let dropped: number | undefined;
+    let stormOver = false;
+    const polling = (async () => {
+      while (!stormOver && !s.exit) {
+        const n = await hubDropped(s);
+        if (n !== undefined) dropped = Math.max(dropped ?? 0, n);
+        await sleep(2000);
+      }
+    })();
     const w = parseWrk(await storm.done);
+    stormOver = true;
     clearInterval(sampler);
+    await polling;
     // The last connections' conntrack entries are destroyed and reported within ~2 s (lab timeouts).
     await lab.reapConntrack();
     await sleep(2500);
     const served = lab.served.length - servedBefore;
-    // The slow client's drops are only visible while it is connected.
-    const dropped = s.exit ? undefined : await hubDropped(s);
     slow.terminate();
     const stop = await stopServe(s);
     const sum = parseServeSummary(stop.stderr);

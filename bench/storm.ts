@@ -59,7 +59,7 @@ export async function startServe(lab: Lab): Promise<ServeProc> {
 }
 
 /** SIGINT, then up to `ms` for it to exit (SIGKILL after that). Returns its stderr. */
-export async function stopServe(proc: ServeProc, ms = 15_000): Promise<{ clean: boolean; why?: string; stderr: string }> {
+export async function stopServe(proc: ServeProc, ms = 15_000): Promise<{ clean: boolean; why?: string; code?: number | null; stderr: string }> {
   if (!proc.exit) {
     proc.child.kill('SIGINT');
     if (!(await waitUntil(() => proc.exit !== undefined, ms, 20))) {
@@ -69,7 +69,7 @@ export async function stopServe(proc: ServeProc, ms = 15_000): Promise<{ clean: 
     }
   }
   const why = proc.crash();
-  return { clean: !why, why, stderr: proc.stderr() };
+  return { clean: !why, why, code: proc.exit?.code, stderr: proc.stderr() };
 }
 
 /** A client that subscribes and then never reads: its TCP window fills, the server must bound what it keeps for it. */
@@ -117,7 +117,11 @@ export function parseServeSummary(stderr: string): { flows?: number; lost?: numb
   return { flows: flows ? Number(flows[1]) : undefined, lost: ev ? Number(ev[2]) : undefined, eventsLine: ev?.[1] };
 }
 
-/** Per-client drops as the hub counts them (from /metrics; empty when serve cannot answer). */
+/**
+ * Events the hub dropped for its connected clients (from /metrics; undefined
+ * when serve cannot answer). A client stuck too long is disconnected and
+ * leaves the list, so callers poll and keep the largest count.
+ */
 export async function hubDropped(proc: ServeProc): Promise<number | undefined> {
   const url = proc.url.replace(/^ws/, 'http').replace('/v1/events', '/metrics');
   try {
