@@ -18,13 +18,15 @@ import { neverReadingClient, parseServeSummary, ServeProc, shebang, startServe, 
 
 const STORM_SECONDS = 20;
 /**
- * serve's RSS may exceed its --max-old-space-size by this much: the young
- * generation, code space, Node itself and the addon's in-flight batches live
- * outside the old-space limit. The old space cannot pass the limit (V8 aborts
- * first, which the liveness checks catch); RSS past limit + margin means
- * memory is growing outside the heap.
+ * How far serve's RSS may exceed its --max-old-space-size. That flag caps
+ * only V8's old space (past it V8 aborts, which the liveness assertions
+ * catch); the rest of a healthy process lives outside it: the young
+ * generation (3 x 16 MiB semi-spaces), Node itself (~50 MiB), the 8 MiB ring
+ * buffer mapping, the addon's in-flight batches (8 x 1 MiB), the slow
+ * client's queue (8 MiB), socket buffers and malloc arenas. RSS past limit +
+ * margin means memory grows outside every bound serve is meant to have.
  */
-const RSS_MARGIN_MB = 128;
+const RSS_MARGIN_MB = 192;
 
 describe('storm (kernel)', () => {
   let lab: Lab | undefined;
@@ -66,7 +68,7 @@ describe('storm (kernel)', () => {
       assert.ok(w.requests > 1000, `the storm did not happen: wrk made ${w.requests} requests`);
       assert.ok(rssMB.length >= STORM_SECONDS - 2, `only ${rssMB.length} RSS samples`);
       const peak = Math.max(...rssMB);
-      assert.ok(peak < boundMB, `serve's RSS reached ${peak.toFixed(0)} MB, over --max-old-space-size=${maxOldSpaceMB} + ${RSS_MARGIN_MB} MB (samples: ${rssMB.map((x) => x.toFixed(0)).join(' ')})`);
+      assert.ok(peak < boundMB, `serve's RSS reached ${peak.toFixed(0)} MiB, over --max-old-space-size=${maxOldSpaceMB} + ${RSS_MARGIN_MB} MiB (samples: ${rssMB.map((x) => x.toFixed(0)).join(' ')})`);
 
       slow.terminate();
       const stop = await stopServe(s);
