@@ -24,6 +24,7 @@ export async function benchMemory(opts: { quick: boolean }): Promise<object> {
     slow = await neverReadingClient(serve.url);
     const servedBefore = lab.served.length;
     const samples: Array<{ t: number; rssMB: number }> = [];
+    let dropped: number | undefined;
     const t0 = Date.now();
     const storm = await startStorm(lab, seconds);
     const s = serve;
@@ -33,7 +34,6 @@ export async function benchMemory(opts: { quick: boolean }): Promise<object> {
       if (s.exit) storm.stop(); // nothing left to measure
     }, 1000);
     // The slow client's drops, polled: once stuck long enough it is disconnected and leaves /metrics.
-    let dropped: number | undefined;
     let stormOver = false;
     const polling = (async () => {
       while (!stormOver && !s.exit) {
@@ -75,7 +75,7 @@ export async function benchMemory(opts: { quick: boolean }): Promise<object> {
           ['RSS max, 2nd half = plateau (MB)', plateau.toFixed(0), `< ${PLATEAU_TARGET_MB}: ${plateau < PLATEAU_TARGET_MB ? 'met' : 'MISSED'}`],
           ['growth 2nd vs 1st half', `${(((plateau - firstMax) / firstMax) * 100).toFixed(1)}%`, ''],
           ['events lost (kernel/reader/netlink)', na(lost.kernel), ''],
-          ['events dropped for the slow client', na(lost.slowClientDropped), ''],
+          ['events dropped for the slow client', lost.slowClientDropped === undefined ? 'n/a (/metrics not answered while it was connected)' : fmt(lost.slowClientDropped), ''],
           ['connections the pods served', fmt(served), ''],
           ['flows serve saw', na(sum.flows), `within 1%: ${flowsMatch ? 'met' : `MISSED (${fmt(diff)} counted as lost)`}`],
         ],

@@ -118,18 +118,17 @@ export function parseServeSummary(stderr: string): { flows?: number; lost?: numb
 }
 
 /**
- * Events the hub dropped for its connected clients (from /metrics; undefined
- * when serve cannot answer). A client stuck too long is disconnected and
- * leaves the list, so callers poll and keep the largest count.
+ * Events the hub dropped for its connected clients (from /metrics). Undefined
+ * when serve does not answer within 10 s or has no client any more: a client
+ * stuck too long is disconnected and leaves the list, so callers poll and
+ * keep the largest count.
  */
 export async function hubDropped(proc: ServeProc): Promise<number | undefined> {
   const url = proc.url.replace(/^ws/, 'http').replace('/v1/events', '/metrics');
   try {
-    const r = await fetch(url, { signal: AbortSignal.timeout(5000) });
-    const text = await r.text();
-    let n = 0;
-    for (const m of text.matchAll(/^svctrace_client_events_dropped_total\{[^}]*\} (\d+)$/gm)) n += Number(m[1]);
-    return n;
+    const r = await fetch(url, { signal: AbortSignal.timeout(10_000) });
+    const samples = [...(await r.text()).matchAll(/^svctrace_client_events_dropped_total\{[^}]*\} (\d+)$/gm)];
+    return samples.length ? samples.reduce((n, m) => n + Number(m[1]), 0) : undefined;
   } catch {
     return undefined;
   }
