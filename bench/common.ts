@@ -32,8 +32,40 @@ export function fmt(n: number, digits = 0): string {
   return n.toLocaleString('en-US', { maximumFractionDigits: digits, minimumFractionDigits: digits });
 }
 
-/** RSS of a process in bytes (from /proc). */
-export function rssOf(pid: number): number {
-  const m = /^VmRSS:\s+(\d+) kB$/m.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'));
-  return m ? Number(m[1]) * 1024 : 0;
+/** RSS of a process in bytes (from /proc); undefined once the process is gone (never throws). */
+export function rssOf(pid: number): number | undefined {
+  let status: string;
+  try {
+    status = fs.readFileSync(`/proc/${pid}/status`, 'utf8');
+  } catch {
+    return undefined;
+  }
+  const m = /^VmRSS:\s+(\d+) kB$/m.exec(status);
+  return m ? Number(m[1]) * 1024 : undefined;
+}
+
+/** Polls `cond` until it holds or `ms` pass: every wait in the benchmarks has a deadline. */
+export async function waitUntil(cond: () => boolean, ms: number, every = 5): Promise<boolean> {
+  const end = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > end) return false;
+    await sleep(every);
+  }
+  return true;
+}
+
+/** `p`, or a rejection naming `what` after `ms`. */
+export function withDeadline<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const deadline = new Promise<never>((_, j) => (timer = setTimeout(() => j(new Error(`${what}: no result within ${ms / 1000} s`)), ms)));
+  return Promise.race([p, deadline]).finally(() => clearTimeout(timer));
+}
+
+/** Why a child process ended badly, from its exit status and stderr; undefined for a clean exit. */
+export function crashReason(code: number | null, signal: NodeJS.Signals | null, stderr: string): string | undefined {
+  const oom = /(FATAL ERROR:[^\n]*|JavaScript heap out of memory|Reached heap limit[^\n]*)/.exec(stderr)?.[0];
+  if (oom) return `out of memory: ${oom.trim()}`;
+  if (signal) return `killed by ${signal}`;
+  if (code !== 0 && code !== null) return `exit code ${code}: ${stderr.trim().split('\n').at(-1) ?? ''}`;
+  return undefined;
 }

@@ -1,66 +1,108 @@
 /**
- * Memory under a storm: `svctrace serve` (its own process, RSS sampled every
- * second from /proc) tracing the web ClusterIP while wrk opens new
- * connections as fast as the lab allows, with one WebSocket client that
- * never reads. The RSS must plateau; losses are counted, never a crash.
+ * Memory under a storm: `svctrace serve` (its own process, launched with the
+ * flags of its #! line, RSS sampled every second from /proc) tracing the web
+ * ClusterIP while wrk opens new connections as fast as the lab allows, with
+ * one WebSocket client that never reads. Reports whether serve survived (or
+ * why it crashed), the RSS plateau, every lost event, and the flows serve saw
+ * against the connections the pods served.
  */
-import { spawn } from 'node:child_process';
-import fs from 'node:fs';
-import path from 'node:path';
 import WebSocket from 'ws';
 import { Lab } from '../src/lab/lab';
-import { runIn } from '../src/lab/exec';
 import { parseWrk } from './datapath';
 import { fmt, rssOf, sleep, table, writeResult } from './common';
+import { hubDropped, neverReadingClient, parseServeSummary, ServeProc, shebang, startServe, startStorm, stopServe } from './storm';
 
-const CLI = path.resolve(__dirname, '..', '..', 'bin', 'svctrace.js');
+const PLATEAU_TARGET_MB = 200;
 
 export async function benchMemory(opts: { quick: boolean }): Promise<object> {
-  const seconds = opts.quick ? 15 : 60;
+  const seconds = opts.quick ? 20 : 120;
   const lab = await Lab.up();
-  await runIn(lab.clientNetns, ['sysctl', '-qw', 'net.ipv4.tcp_tw_reuse=1', 'net.ipv4.ip_local_port_range=1024 65000']);
-  // Run it the way the installed command runs: with the flags of its #! line.
-  const shebangFlags = (/^#!.*\bnode\b(.*)$/m.exec(fs.readFileSync(CLI, 'utf8').split('\n')[0]!)?.[1] ?? '').trim().split(/\s+/).filter(Boolean);
-  const serve = spawn(process.execPath, [...shebangFlags, CLI, 'serve', '--netns', lab.nodeNetns, '--service', '10.96.0.100:80', '--listen', '127.0.0.1:0'], { stdio: ['ignore', 'ignore', 'pipe'] });
-  let err = '';
-  serve.stderr!.on('data', (d) => (err += d));
+  let serve: ServeProc | undefined;
+  let slow: WebSocket | undefined;
   try {
-    while (!/streaming at (ws:\S+) /.test(err)) {
-      if (serve.exitCode !== null) throw new Error(`serve exited: ${err}`);
-      await sleep(50);
-    }
-    const url = /streaming at (ws:\S+) /.exec(err)![1]!;
-    const slow = new WebSocket(url, ['svctrace.v1']);
-    await new Promise((r, j) => slow.once('open', r).once('error', j));
-    (slow as unknown as { _socket: { pause(): void } })._socket.pause();
+    serve = await startServe(lab);
+    slow = await neverReadingClient(serve.url);
+    const servedBefore = lab.served.length;
     const samples: Array<{ t: number; rssMB: number }> = [];
+    let dropped: number | undefined;
     const t0 = Date.now();
-    const sampler = setInterval(() => samples.push({ t: (Date.now() - t0) / 1000, rssMB: rssOf(serve.pid!) / 1e6 }), 1000);
-    const storm = await runIn(lab.clientNetns, ['wrk', '-t2', '-c64', `-d${seconds}s`, '-H', 'Connection: close', 'http://10.96.0.100/'], { timeoutMs: (seconds + 60) * 1000 });
+    const storm = await startStorm(lab, seconds);
+    const s = serve;
+    const sampler = setInterval(() => {
+      const rss = rssOf(s.child.pid!);
+      if (rss !== undefined) samples.push({ t: (Date.now() - t0) / 1000, rssMB: rss / 1e6 });
+      if (s.exit) storm.stop(); // nothing left to measure
+    }, 1000);
+    // The slow client's drops, polled: once stuck long enough it is disconnected and leaves /metrics.
+    let stormOver = false;
+    const polling = (async () => {
+      while (!stormOver && !s.exit) {
+        const n = await hubDropped(s);
+        if (n !== undefined) dropped = Math.max(dropped ?? 0, n);
+        await sleep(2000);
+      }
+    })();
+    const w = parseWrk(await storm.done);
+    stormOver = true;
     clearInterval(sampler);
-    const w = parseWrk(storm.stdout);
-    const alive = serve.exitCode === null;
-    const half = samples.slice(Math.floor(samples.length / 2));
-    const firstHalf = samples.slice(0, Math.floor(samples.length / 2));
-    const plateau = Math.max(...half.map((s) => s.rssMB));
-    const firstMax = Math.max(...firstHalf.map((s) => s.rssMB));
+    await polling;
+    // The last connections' conntrack entries are destroyed and reported within ~2 s (lab timeouts).
+    await lab.reapConntrack();
+    await sleep(2500);
+    const served = lab.served.length - servedBefore;
     slow.terminate();
-    serve.kill('SIGINT');
-    await new Promise((r) => serve.once('exit', r));
-    const summaryLine = /summary: .*\n(?:.*\n)*?\s+events: .*/.exec(err)?.[0] ?? '';
-    console.log(`\nMemory under a storm of new connections (${seconds}s, wrk -c64 Connection: close, one client that never reads)`);
+    const stop = await stopServe(s);
+    const sum = parseServeSummary(stop.stderr);
+
+    const half = Math.floor(samples.length / 2);
+    const maxOf = (xs: typeof samples) => (xs.length ? Math.max(...xs.map((x) => x.rssMB)) : NaN);
+    const firstMax = maxOf(samples.slice(0, half));
+    const plateau = maxOf(samples.slice(half));
+    const diff = sum.flows === undefined ? served : Math.abs(served - sum.flows);
+    const flowsMatch = diff <= served * 0.01;
+    const lost = { kernel: sum.lost, slowClientDropped: dropped, flowsUnaccounted: flowsMatch ? 0 : diff };
+    const status = stop.clean ? 'alive (clean exit on SIGINT)' : `CRASHED: ${stop.why}`;
+
+    console.log(`\nMemory under a storm of new connections (${seconds}s, wrk -t2 -c64 Connection: close, one client that never reads; serve ${shebang().flags.join(' ')})`);
+    const na = (v: number | undefined) => (v === undefined ? 'n/a' : fmt(v));
     console.log(
       table(
-        ['new conn/s', 'RSS max 1st half MB', 'RSS max 2nd half MB (plateau)', 'growth 2nd vs 1st', 'serve alive'],
-        [[fmt(w.rps), firstMax.toFixed(0), plateau.toFixed(0), `${(((plateau - firstMax) / firstMax) * 100).toFixed(1)}%`, String(alive)]],
+        ['what', 'value', 'target'],
+        [
+          ['serve', status, 'alive'],
+          ['new connections/s (wrk)', fmt(w.rps), ''],
+          ['RSS max, 1st half (MB)', firstMax.toFixed(0), ''],
+          ['RSS max, 2nd half = plateau (MB)', plateau.toFixed(0), `< ${PLATEAU_TARGET_MB}: ${plateau < PLATEAU_TARGET_MB ? 'met' : 'MISSED'}`],
+          ['growth 2nd vs 1st half', `${(((plateau - firstMax) / firstMax) * 100).toFixed(1)}%`, ''],
+          ['events lost (kernel/reader/netlink)', na(lost.kernel), ''],
+          ['events dropped for the slow client', lost.slowClientDropped === undefined ? 'n/a (/metrics not answered while it was connected)' : fmt(lost.slowClientDropped), ''],
+          ['connections the pods served', fmt(served), ''],
+          ['flows serve saw', na(sum.flows), `within 1%: ${flowsMatch ? 'met' : `MISSED (${fmt(diff)} counted as lost)`}`],
+        ],
       ),
     );
-    console.log(summaryLine.split('\n').map((l) => `  serve: ${l.trim()}`).join('\n'));
-    const result = { seconds, connectionsPerSecond: w.rps, samples, plateauMB: plateau, firstHalfMaxMB: firstMax, alive, serveSummary: summaryLine };
+    if (sum.eventsLine) console.log(`  serve: ${sum.eventsLine}`);
+    const result = {
+      seconds,
+      serveFlags: shebang().flags,
+      alive: stop.clean,
+      crash: stop.why,
+      connectionsPerSecond: w.rps,
+      samples,
+      firstHalfMaxMB: firstMax,
+      plateauMB: plateau,
+      plateauTargetMB: PLATEAU_TARGET_MB,
+      served,
+      flowsSeen: sum.flows,
+      lost,
+      serveSummary: sum.eventsLine,
+      serveStderrTail: stop.clean ? undefined : stop.stderr.slice(-2000),
+    };
     console.log(`-> ${writeResult('memory', result)}`);
     return result;
   } finally {
-    if (serve.exitCode === null) serve.kill('SIGKILL');
+    slow?.terminate();
+    if (serve && !serve.exit) serve.child.kill('SIGKILL');
     await lab.down();
   }
 }

@@ -4,7 +4,9 @@
  * sustains without loss, stage by stage, next to a plain C consumer of the
  * same ring buffer fed by the same in-kernel source (bench/ringbuf-baseline.c).
  * Method for all: emit bursts that fit the ring, keep at most two bursts in
- * flight, count what arrives at the end of the chain.
+ * flight (arrived + counted lost), count what arrives at the end of the
+ * chain. Losses (ring buffer, addon reader, hub per client) are reported, and
+ * a stage that stops making progress for 3 s ends, the rest counted lost.
  */
 import { execFileSync, fork } from 'node:child_process';
 import path from 'node:path';
@@ -13,7 +15,7 @@ import { decodeBatch } from '../src/events/decode';
 import { FlowTable } from '../src/flows/flow-table';
 import { parseServiceSpec } from '../src/net/ipv4';
 import { StreamServer } from '../src/stream/server';
-import { fmt, sleep, table, writeResult } from './common';
+import { fmt, table, waitUntil, withDeadline, writeResult } from './common';
 
 const BURST = 16384;
 const FLOWS = 1000;
@@ -21,83 +23,151 @@ const BASELINE = path.resolve(__dirname, '..', '..', 'build', 'svctrace-ringbuf-
 
 type Stage = 'native' | 'decode' | 'flows' | 'websocket';
 
+/** No event arrived (nor was counted lost) for this long: the rest is reported lost and the stage ends. */
+const STALL_MS = 3000;
+/** Hard cap on one stage, whatever happens. */
+const STAGE_MS = 120_000;
+
 interface StageResult {
   stage: Stage;
   events: number;
+  arrived: number;
   seconds: number;
   eventsPerSecond: number;
-  lost: number;
+  /** Counted by the tracer and the hub. */
+  lost: { ringbuf: number; reader: number; hubClient: number };
+  /** Emitted but neither arrived nor counted lost when the stage gave up waiting. */
+  unaccounted: number;
+}
+
+function lostTotal(s: StageResult): number {
+  return s.lost.ringbuf + s.lost.reader + s.lost.hubClient + s.unaccounted;
 }
 
 async function runStage(stage: Stage, total: number): Promise<StageResult> {
   const binding = loadBinding();
   const tracer: NativeTracer = new binding.Tracer({ benchSource: true });
-  tracer.load();
   const table = new FlowTable({ services: [parseServiceSpec('10.96.0.100:80')] });
   let server: StreamServer | undefined;
   let clientCount = 0;
   let child: ReturnType<typeof fork> | undefined;
-  if (stage === 'websocket') {
-    server = await StreamServer.start({ services: ['10.96.0.100:80/tcp'], kernelLost: () => 0, activeFlows: () => table.size, dropsByReason: () => ({}) }, { listen: '127.0.0.1:0' });
-    child = fork(path.join(__dirname, 'ws-counter.js'), [server.url()], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
-    child.on('message', (m: { received?: number; ready?: boolean }) => {
-      if (typeof m.received === 'number') clientCount = m.received;
+  try {
+    tracer.load();
+    if (stage === 'websocket') {
+      server = await StreamServer.start({ services: ['10.96.0.100:80/tcp'], kernelLost: () => 0, activeFlows: () => table.size, dropsByReason: () => ({}) }, { listen: '127.0.0.1:0' });
+      child = fork(path.join(__dirname, 'ws-counter.js'), [server.url()], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+      let ready = false;
+      child.on('message', (m: { received?: number; ready?: boolean }) => {
+        if (m.ready) ready = true;
+        if (typeof m.received === 'number') clientCount = m.received;
+      });
+      if (!(await waitUntil(() => ready || child!.exitCode !== null, 10_000))) throw new Error('WebSocket counter did not connect within 10 s');
+      if (!ready) throw new Error(`WebSocket counter exited (${child.exitCode})`);
+    }
+    let arrived = 0;
+    tracer.start((buf, count) => {
+      if (stage === 'native') {
+        arrived += count;
+        return;
+      }
+      const batch = decodeBatch(buf);
+      if (stage === 'decode') {
+        arrived += batch.events.length;
+        return;
+      }
+      const items = table.ingest(batch.events, batch.stats);
+      if (stage === 'flows') {
+        arrived += items.length;
+        return;
+      }
+      server!.publish(items.map((i) => i.event));
     });
-    await new Promise<void>((r) => child!.once('message', () => r()));
+    const done = () => (stage === 'websocket' ? clientCount : arrived);
+    const lost = () => {
+      const st = tracer.stats();
+      const hubClient = server ? server.hub.clientList().reduce((n, c) => n + c.dropped, 0) : 0;
+      return { ringbuf: st.ringbufLost, reader: st.readerLostAtClose, hubClient };
+    };
+    // Events accounted for: arrived, or counted lost by the tracer or the hub.
+    // Waiting on arrivals alone hangs forever once one event is dropped.
+    const accounted = () => {
+      const l = lost();
+      return done() + l.ringbuf + l.reader + l.hubClient;
+    };
+    const t0 = process.hrtime.bigint();
+    const stageEnd = Date.now() + STAGE_MS;
+    let lastProgress = process.hrtime.bigint();
+    let stalled = false;
+    const waitAccounted = async (target: number) => {
+      let last = accounted();
+      let lastAt = Date.now();
+      while (last < target) {
+        if (Date.now() - lastAt > STALL_MS || Date.now() > stageEnd) return !(stalled = true);
+        await new Promise((r) => setImmediate(r));
+        const a = accounted();
+        if (a !== last) {
+          last = a;
+          lastAt = Date.now();
+          lastProgress = process.hrtime.bigint();
+        }
+      }
+      return true;
+    };
+    let emitted = 0;
+    while (emitted < total && !stalled) {
+      const n = Math.min(BURST, total - emitted);
+      // Keep at most two bursts in flight (the ring holds about three).
+      if (!(await waitAccounted(emitted - BURST))) break;
+      tracer.benchEmit(n, FLOWS);
+      emitted += n;
+    }
+    await waitAccounted(emitted);
+    const seconds = Number(lastProgress - t0) / 1e9;
+    const l = lost();
+    const got = done();
+    return {
+      stage,
+      events: total,
+      arrived: got,
+      seconds,
+      eventsPerSecond: got / seconds,
+      lost: l,
+      unaccounted: Math.max(0, total - got - l.ringbuf - l.reader - l.hubClient),
+    };
+  } finally {
+    tracer.close();
+    child?.kill();
+    await withDeadline(server?.close() ?? Promise.resolve(), 5000, 'stream server close').catch(() => undefined);
   }
-  let arrived = 0;
-  tracer.start((buf, count) => {
-    if (stage === 'native') {
-      arrived += count;
-      return;
-    }
-    const events = decodeBatch(buf).events;
-    if (stage === 'decode') {
-      arrived += events.length;
-      return;
-    }
-    const items = table.ingest(events);
-    if (stage === 'flows') {
-      arrived += items.length;
-      return;
-    }
-    server!.publish(items.map((i) => i.event));
-  });
-  const done = () => (stage === 'websocket' ? clientCount : arrived);
-  let emitted = 0;
-  const t0 = process.hrtime.bigint();
-  while (emitted < total) {
-    const n = Math.min(BURST, total - emitted);
-    // Keep at most two bursts in flight (the ring holds about three).
-    while (emitted - done() > BURST) await new Promise((r) => setImmediate(r));
-    tracer.benchEmit(n, FLOWS);
-    emitted += n;
-  }
-  while (done() < total) await sleep(1);
-  const seconds = Number(process.hrtime.bigint() - t0) / 1e9;
-  const st = tracer.stats();
-  const hubDropped = server ? server.hub.clientList().reduce((n, c) => n + c.dropped, 0) : 0;
-  tracer.close();
-  child?.kill();
-  await server?.close();
-  return { stage, events: total, seconds, eventsPerSecond: total / seconds, lost: st.ringbufLost + st.readerLostAtClose + hubDropped };
 }
 
-function baseline(total: number): { eventsPerSecond: number; seconds: number; lost: number } {
-  return JSON.parse(execFileSync(BASELINE, [String(total), String(BURST), String(FLOWS)], { encoding: 'utf8' }));
+function baseline(total: number): { eventsPerSecond: number; seconds: number; lost: number } | { error: string } {
+  try {
+    return JSON.parse(execFileSync(BASELINE, [String(total), String(BURST), String(FLOWS)], { encoding: 'utf8', timeout: 60_000 }));
+  } catch (e) {
+    return { error: e instanceof Error ? e.message.split('\n')[0]! : String(e) };
+  }
 }
 
 export async function benchPipeline(opts: { quick: boolean }): Promise<object> {
   const total = opts.quick ? 200_000 : 1_000_000;
   const base = baseline(total * 2);
+  const baseRate = 'error' in base ? NaN : base.eventsPerSecond;
   const stages: StageResult[] = [];
   for (const s of ['native', 'decode', 'flows', 'websocket'] as Stage[]) stages.push(await runStage(s, total));
+  const label = { native: 'addon -> JS callback', decode: '+ decode', flows: '+ flow model + proto', websocket: '+ encode + WebSocket client' };
   const rows = [
-    ['C consumer (baseline)', fmt(base.eventsPerSecond), '100%', String(base.lost)],
-    ...stages.map((s) => [`node: ${s.stage === 'native' ? 'addon -> JS callback' : s.stage === 'decode' ? '+ decode' : s.stage === 'flows' ? '+ flow model + proto' : '+ encode + WebSocket client'}`, fmt(s.eventsPerSecond), `${((100 * s.eventsPerSecond) / base.eventsPerSecond).toFixed(1)}%`, String(s.lost)]),
+    'error' in base ? ['C consumer (baseline)', `failed: ${base.error}`, '', '', ''] : ['C consumer (baseline)', fmt(base.eventsPerSecond), '100%', fmt(total * 2 - base.lost), String(base.lost)],
+    ...stages.map((s) => [
+      `node: ${label[s.stage]}`,
+      fmt(s.eventsPerSecond),
+      `${((100 * s.eventsPerSecond) / baseRate).toFixed(1)}%`,
+      fmt(s.arrived),
+      lostTotal(s) ? `${fmt(lostTotal(s))} (ring ${s.lost.ringbuf}, reader ${s.lost.reader}, hub ${s.lost.hubClient}, unaccounted ${s.unaccounted})` : '0',
+    ]),
   ];
   console.log(`\nPipeline throughput (${fmt(total)} events, ${FLOWS} flows, bursts of ${BURST})`);
-  console.log(table(['chain', 'events/s', 'of baseline', 'lost'], rows));
+  console.log(table(['chain', 'events/s', 'of baseline', 'arrived', 'lost'], rows));
   const result = { total, baseline: base, stages };
   console.log(`-> ${writeResult('pipeline', result)}`);
   return result;

@@ -1,0 +1,135 @@
+/**
+ * The storm, shared by the memory benchmark and test/kernel/storm.test.ts:
+ * `svctrace serve` in its own process, launched the way the installed
+ * command is (with the flags of bin/svctrace.js's #! line), one WebSocket
+ * client that never reads, and wrk opening new connections (Connection:
+ * close) to the web ClusterIP from the lab's client namespace.
+ */
+import { ChildProcess, spawn } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import WebSocket from 'ws';
+import { Lab } from '../src/lab/lab';
+import { runIn } from '../src/lab/exec';
+import { crashReason, waitUntil, withDeadline } from './common';
+
+export const CLI = path.resolve(__dirname, '..', '..', 'bin', 'svctrace.js');
+
+/** The node flags of the #! line (e.g. --max-old-space-size=256), and that heap limit in MB. */
+export function shebang(): { flags: string[]; maxOldSpaceMB: number | undefined } {
+  const first = fs.readFileSync(CLI, 'utf8').split('\n')[0]!;
+  const flags = (/^#!.*\bnode\b(.*)$/.exec(first)?.[1] ?? '').trim().split(/\s+/).filter(Boolean);
+  const m = flags.map((f) => /^--max-old-space-size=(\d+)$/.exec(f)).find(Boolean);
+  return { flags, maxOldSpaceMB: m ? Number(m[1]) : undefined };
+}
+
+export interface ServeProc {
+  child: ChildProcess;
+  url: string;
+  stderr(): string;
+  /** Set once it exited. */
+  exit?: { code: number | null; signal: NodeJS.Signals | null };
+  /** Why it ended badly (OOM, signal, non-zero exit), if it did. */
+  crash(): string | undefined;
+}
+
+/** Starts `serve` tracing the web ClusterIP; resolves once it streams (deadline 15 s). */
+export async function startServe(lab: Lab): Promise<ServeProc> {
+  const { flags } = shebang();
+  const child = spawn(process.execPath, [...flags, CLI, 'serve', '--netns', lab.nodeNetns, '--service', '10.96.0.100:80', '--listen', '127.0.0.1:0'], {
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
+  let err = '';
+  child.stderr!.on('data', (d) => (err += d));
+  const proc: ServeProc = {
+    child,
+    url: '',
+    stderr: () => err,
+    crash: () => (proc.exit ? crashReason(proc.exit.code, proc.exit.signal, err) : undefined),
+  };
+  child.once('exit', (code, signal) => (proc.exit = { code, signal }));
+  const up = await waitUntil(() => /streaming at (ws:\S+) /.test(err) || proc.exit !== undefined, 15_000, 20);
+  const url = /streaming at (ws:\S+) /.exec(err)?.[1];
+  if (!up || !url) {
+    if (!proc.exit) child.kill('SIGKILL');
+    throw new Error(`serve did not start: ${err.trim() || '(no output)'}`);
+  }
+  proc.url = url;
+  return proc;
+}
+
+/** SIGINT, then up to `ms` for it to exit (SIGKILL after that). Returns its stderr. */
+export async function stopServe(proc: ServeProc, ms = 15_000): Promise<{ clean: boolean; why?: string; code?: number | null; stderr: string }> {
+  if (!proc.exit) {
+    proc.child.kill('SIGINT');
+    if (!(await waitUntil(() => proc.exit !== undefined, ms, 20))) {
+      proc.child.kill('SIGKILL');
+      await waitUntil(() => proc.exit !== undefined, 5000, 20);
+      return { clean: false, why: `did not exit within ${ms / 1000} s of SIGINT`, stderr: proc.stderr() };
+    }
+  }
+  const why = proc.crash();
+  return { clean: !why, why, code: proc.exit?.code, stderr: proc.stderr() };
+}
+
+/** A client that subscribes and then never reads: its TCP window fills, the server must bound what it keeps for it. */
+export async function neverReadingClient(url: string): Promise<WebSocket> {
+  const ws = new WebSocket(url, ['svctrace.v1']);
+  await withDeadline(new Promise((r, j) => ws.once('open', r).once('error', j)), 10_000, 'WebSocket open');
+  // ws exposes no public way to stop reading; pausing its socket does.
+  (ws as unknown as { _socket: { pause(): void } })._socket.pause();
+  return ws;
+}
+
+export interface Wrk {
+  /** Resolves with wrk's stdout when it ends (its own -d, or stop()). */
+  done: Promise<string>;
+  stop(): void;
+}
+
+/**
+ * wrk -t2 -c64 with Connection: close in the lab's client namespace, as fast
+ * as the lab allows. Spawned (not execFile) so a storm can be cut short when
+ * serve dies; `ip netns exec` execs wrk, so the PID is wrk's own.
+ */
+export async function startStorm(lab: Lab, seconds: number): Promise<Wrk> {
+  // New connections at this rate need ports in TIME_WAIT reused (lab client namespace only).
+  await runIn(lab.clientNetns, ['sysctl', '-qw', 'net.ipv4.tcp_tw_reuse=1', 'net.ipv4.ip_local_port_range=1024 65000']);
+  const child = spawn('ip', ['netns', 'exec', lab.clientNetns, 'wrk', '-t2', '-c64', `-d${seconds}s`, '-H', 'Connection: close', 'http://10.96.0.100/'], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let out = '';
+  child.stdout!.on('data', (d) => (out += d));
+  const done = new Promise<string>((resolve) => {
+    child.once('exit', () => resolve(out));
+    child.once('error', (e) => resolve(`wrk: ${e.message}`));
+  });
+  // wrk stops itself after -d; this deadline only guards against a wedged wrk.
+  const guard = setTimeout(() => child.kill('SIGKILL'), (seconds + 30) * 1000);
+  void done.then(() => clearTimeout(guard));
+  return { done, stop: () => child.exitCode === null && child.kill('SIGINT') };
+}
+
+/** What serve's summary (stderr, after SIGINT) says: flows seen and events lost. */
+export function parseServeSummary(stderr: string): { flows?: number; lost?: number; eventsLine?: string } {
+  const flows = /^summary: (\d+) flows/m.exec(stderr);
+  const ev = /^\s*(events: .*lost: (\d+).*)$/m.exec(stderr);
+  return { flows: flows ? Number(flows[1]) : undefined, lost: ev ? Number(ev[2]) : undefined, eventsLine: ev?.[1] };
+}
+
+/**
+ * Events the hub dropped for its connected clients (from /metrics). Undefined
+ * when serve does not answer within 10 s or has no client any more: a client
+ * stuck too long is disconnected and leaves the list, so callers poll and
+ * keep the largest count.
+ */
+export async function hubDropped(proc: ServeProc): Promise<number | undefined> {
+  const url = proc.url.replace(/^ws/, 'http').replace('/v1/events', '/metrics');
+  try {
+    const r = await fetch(url, { signal: AbortSignal.timeout(10_000) });
+    const samples = [...(await r.text()).matchAll(/^svctrace_client_events_dropped_total\{[^}]*\} (\d+)$/gm)];
+    return samples.length ? samples.reduce((n, m) => n + Number(m[1]), 0) : undefined;
+  } catch {
+    return undefined;
+  }
+}

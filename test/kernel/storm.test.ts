@@ -1,0 +1,83 @@
+/**
+ * A short storm, in CI: `svctrace serve` (its own process, launched with the
+ * flags of bin/svctrace.js's #! line, as the installed command runs) tracing
+ * the web ClusterIP while wrk -t2 -c64 opens new connections (Connection:
+ * close) for 20 s, with one WebSocket client that never reads. serve must
+ * stay alive throughout, keep its memory bounded, and exit cleanly on SIGINT
+ * with a summary that counts lost events. The same storm, longer, is
+ * bench/memory.ts.
+ */
+import { after, before, describe } from 'node:test';
+import assert from 'node:assert/strict';
+import WebSocket from 'ws';
+import { kernelTest, IS_ROOT } from '../helpers/kernel';
+import { Lab } from '../../src/lab/lab';
+import { rssOf } from '../../bench/common';
+import { parseWrk } from '../../bench/datapath';
+import { neverReadingClient, parseServeSummary, ServeProc, shebang, startServe, startStorm, stopServe } from '../../bench/storm';
+
+const STORM_SECONDS = 20;
+/**
+ * How far serve's RSS may exceed its --max-old-space-size. That flag caps
+ * only V8's old space (past it V8 aborts, which the liveness assertions
+ * catch); the rest of a healthy process lives outside it: the young
+ * generation (3 x 16 MiB semi-spaces), Node itself (~50 MiB), the 8 MiB ring
+ * buffer mapping, the addon's in-flight batches (8 x 1 MiB), the slow
+ * client's queue (8 MiB), socket buffers and malloc arenas. RSS past limit +
+ * margin means memory grows outside every bound serve is meant to have.
+ */
+const RSS_MARGIN_MB = 192;
+
+describe('storm (kernel)', () => {
+  let lab: Lab | undefined;
+  let serve: ServeProc | undefined;
+  let slow: WebSocket | undefined;
+  before(async () => {
+    if (IS_ROOT) lab = await Lab.up();
+  });
+  after(async () => {
+    slow?.terminate();
+    if (serve && !serve.exit) serve.child.kill('SIGKILL');
+    await lab?.down();
+  });
+
+  kernelTest(
+    `serve survives ${STORM_SECONDS} s of new connections with a client that never reads, memory bounded`,
+    async () => {
+      assert.ok(lab);
+      const { maxOldSpaceMB } = shebang();
+      assert.ok(maxOldSpaceMB, 'the #! line of bin/svctrace.js sets --max-old-space-size');
+      const boundMB = maxOldSpaceMB + RSS_MARGIN_MB;
+
+      serve = await startServe(lab);
+      const s = serve;
+      slow = await neverReadingClient(s.url);
+      const storm = await startStorm(lab, STORM_SECONDS);
+      // VmRSS every second; a dead serve ends the storm early (the test fails below).
+      const rssMB: number[] = [];
+      const sampler = setInterval(() => {
+        const rss = rssOf(s.child.pid!);
+        if (rss !== undefined) rssMB.push(rss / 2 ** 20);
+        if (s.exit) storm.stop();
+      }, 1000);
+      const w = parseWrk(await storm.done);
+      clearInterval(sampler);
+      const tail = () => s.stderr().slice(-1500);
+
+      assert.equal(s.exit, undefined, `serve died during the storm (${s.crash()}):\n${tail()}`);
+      assert.ok(w.requests > 1000, `the storm did not happen: wrk made ${w.requests} requests`);
+      assert.ok(rssMB.length >= STORM_SECONDS - 2, `only ${rssMB.length} RSS samples`);
+      const peak = Math.max(...rssMB);
+      assert.ok(peak < boundMB, `serve's RSS reached ${peak.toFixed(0)} MiB, over --max-old-space-size=${maxOldSpaceMB} + ${RSS_MARGIN_MB} MiB (samples: ${rssMB.map((x) => x.toFixed(0)).join(' ')})`);
+
+      slow.terminate();
+      const stop = await stopServe(s);
+      assert.ok(stop.clean, `serve did not exit cleanly on SIGINT (${stop.why}):\n${tail()}`);
+      assert.equal(stop.code, 0, tail());
+      const sum = parseServeSummary(stop.stderr);
+      assert.ok(sum.flows !== undefined && sum.flows > 0, `no "summary: N flows" line:\n${tail()}`);
+      assert.ok(sum.lost !== undefined, `the summary does not count lost events ("events: ... lost: N"):\n${tail()}`);
+    },
+    { timeout: 60_000 },
+  );
+});
