@@ -6,7 +6,7 @@
  */
 import { Lab } from '../src/lab/lab';
 import { run, runIn } from '../src/lab/exec';
-import { FlowTracer } from '../src/tracer/flow-tracer';
+import { Pipeline } from '../src/pipeline/pipeline';
 import { parseServiceSpec } from '../src/net/ipv4';
 import { fmt, median, sleep, table, writeResult } from './common';
 
@@ -55,10 +55,10 @@ export async function benchDatapath(opts: { quick: boolean }): Promise<object> {
     for (let round = 0; round < rounds; round++) {
       for (const conn of ['short', 'keepalive'] as const) {
         for (const mode of ['off', 'traced', 'other'] as Mode[]) {
-          let tracer: FlowTracer | undefined;
+          let tracer: Pipeline | undefined;
           if (mode !== 'off') {
             const svc = mode === 'traced' ? '10.96.0.100:80' : '10.96.0.150:80';
-            tracer = FlowTracer.start({ services: [parseServiceSpec(svc)], netns: [lab.nodeNetns] });
+            tracer = await Pipeline.start({ services: [parseServiceSpec(svc)], netns: [lab.nodeNetns], kubeconfig: false });
           }
           await sleep(200);
           results[conn]![mode].push(await wrk(lab, seconds, conn === 'short'));
