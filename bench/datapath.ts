@@ -11,7 +11,7 @@
 import { kernelLosses, totalLost } from '../src/tracer/losses';
 import { Lab } from '../src/lab/lab';
 import { runIn } from '../src/lab/exec';
-import { FlowTracer } from '../src/tracer/flow-tracer';
+import { Pipeline } from '../src/pipeline/pipeline';
 import type { TracerStats } from '../src/tracer/tracer';
 import { parseServiceSpec } from '../src/net/ipv4';
 import { fmt, median, sleep, table, withDeadline, writeResult } from './common';
@@ -52,13 +52,9 @@ async function wrk(lab: Lab, seconds: number, short: boolean): Promise<WrkResult
   return parseWrk(r.stdout);
 }
 
-/**
- * The one place this benchmark starts tracing (a FlowTracer today; after the
- * pipeline refactor, the Pipeline): whatever it returns must give the
- * tracer's counters and stop.
- */
-function startTracing(service: string, netns: string): { stats(): TracerStats; stop(): Promise<unknown> } {
-  return FlowTracer.start({ services: [parseServiceSpec(service)], netns: [netns] });
+/** The one place this benchmark starts tracing: the same Pipeline every command composes, with no sinks. */
+function startTracing(service: string, netns: string): Promise<{ stats(): TracerStats; stop(): Promise<unknown> }> {
+  return Pipeline.start({ services: [parseServiceSpec(service)], netns: [netns], kubeconfig: false });
 }
 
 type Mode = 'off' | 'traced' | 'other';
@@ -89,7 +85,7 @@ export async function benchDatapath(opts: { quick: boolean }): Promise<object> {
     for (let round = 0; round < rounds; round++) {
       for (const conn of ['short', 'keepalive'] as const) {
         for (const mode of ['off', 'traced', 'other'] as Mode[]) {
-          const tracer = mode === 'off' ? undefined : startTracing(mode === 'traced' ? '10.96.0.100:80' : '10.96.0.150:80', lab.nodeNetns);
+          const tracer = mode === 'off' ? undefined : await startTracing(mode === 'traced' ? '10.96.0.100:80' : '10.96.0.150:80', lab.nodeNetns);
           await sleep(200);
           const before = tracer?.stats();
           const w: Run = await wrk(lab, seconds, conn === 'short');

@@ -9,8 +9,9 @@ import { SvctraceError } from './errors';
 import { Lab } from './lab/lab';
 import { runIn } from './lab/exec';
 import { parseNodePortSpec, parseServiceSpec } from './net/ipv4';
-import { FlowTextPrinter, formatSummary } from './output/flow-text';
-import { FlowTracer } from './tracer/flow-tracer';
+import { formatSummary } from './output/flow-text';
+import { Pipeline } from './pipeline/pipeline';
+import { textTimelineSink } from './pipeline/sinks/text';
 
 function sleep(ms: number): Promise<void> {
   return new Promise((r) => setTimeout(r, ms));
@@ -24,7 +25,7 @@ export async function runDemo(opts: { requests: number; out?: NodeJS.WritableStr
   }
   say('svctrace demo: building the lab (network namespaces only)...');
   const lab = await Lab.up({ remoteNode: true });
-  let tracer: FlowTracer | undefined;
+  let pipeline: Pipeline | undefined;
   try {
     const web = lab.service('web');
     const dns = lab.service('kube-dns');
@@ -33,20 +34,20 @@ export async function runDemo(opts: { requests: number; out?: NodeJS.WritableStr
     say(`  node ${lab.nodeNetns}; pods ${lab.pods.map((p) => `${p.name}=${p.ip}`).join(' ')}`);
     say(`  default/web ${web.clusterIP}:${web.port} (NodePort ${web.nodePort}), kube-system/kube-dns ${dns.clusterIP}:53/udp, default/empty ${empty.clusterIP}:80 (no endpoints), default/remote ${remote.clusterIP}:80 (pod on a second node)\n`);
     const color = opts.color ?? (!!(out as NodeJS.WriteStream).isTTY && !process.env.NO_COLOR);
-    let printer: FlowTextPrinter | undefined;
-    tracer = FlowTracer.start({
-      services: [
-        parseServiceSpec(`${web.clusterIP}:${web.port}`),
-        parseNodePortSpec(String(web.nodePort)),
-        parseServiceSpec(`${dns.clusterIP}:${dns.port}/udp`),
-        parseServiceSpec(`${empty.clusterIP}:${empty.port}`),
-        parseServiceSpec(`${remote.clusterIP}:${remote.port}`),
-      ],
-      netns: [lab.nodeNetns],
-      onIngested: (items) => printer?.print(items),
-    });
-    const t = tracer;
-    printer = new FlowTextPrinter((s) => out.write(s), color, (a) => t.backendName(a));
+    pipeline = await Pipeline.start(
+      {
+        services: [
+          parseServiceSpec(`${web.clusterIP}:${web.port}`),
+          parseNodePortSpec(String(web.nodePort)),
+          parseServiceSpec(`${dns.clusterIP}:${dns.port}/udp`),
+          parseServiceSpec(`${empty.clusterIP}:${empty.port}`),
+          parseServiceSpec(`${remote.clusterIP}:${remote.port}`),
+        ],
+        netns: [lab.nodeNetns],
+        kubeconfig: false, // the lab has no API server
+      },
+      (ctx) => [textTimelineSink((s) => out.write(s), color, ctx.backendName)],
+    );
 
     for (let i = 0; i < opts.requests; i++) {
       const r = await lab.curl(`http://${web.clusterIP}:${web.port}/`);
@@ -69,12 +70,12 @@ export async function runDemo(opts: { requests: number; out?: NodeJS.WritableStr
     await sleep(2500);
     await lab.reapConntrack();
     await sleep(300);
-    const { summary, stats } = await tracer.stop();
+    const { summary, stats } = await pipeline.stop();
     say('');
-    say(formatSummary(summary, stats, (a) => t.backendName(a)));
+    say(formatSummary(summary, stats, pipeline.backendName));
     say(`  pods' own logs: ${lab.pods.map((p) => `${p.name}=${lab.served.filter((s) => s.pod === p.name).length}`).join(' ')}`);
   } finally {
-    await tracer?.stop();
+    await pipeline?.stop();
     await lab.down();
     say(`lab torn down (${lab.leftovers().length} namespaces left)`);
   }

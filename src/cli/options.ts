@@ -1,14 +1,12 @@
-/** Option parsing shared by the commands that trace (trace, serve). */
+/** Option parsing shared by the commands that trace (trace, serve, record). */
 import fs from 'node:fs';
 import { Command } from 'commander';
 import { SvctraceError } from '../errors';
 import { parseNodePortSpec, parseServiceSpec, ServiceSpec } from '../net/ipv4';
 import { discover } from '../discovery/discover';
-import { DiscoveredService, Discovery, findByName } from '../discovery/model';
-import { Cluster } from '../k8s/cluster';
-import { FlowTracer } from '../tracer/flow-tracer';
-import type { Ingested } from '../flows/flow-table';
-import { CURRENT_NETNS, resolveNetns } from '../tracer/netns';
+import { DiscoveredService, findByName } from '../discovery/model';
+import type { PipelineOptions } from '../pipeline/pipeline';
+import { CURRENT_NETNS, resolveNetns } from '../netns/netns';
 
 export function collect(value: string, previous: string[]): string[] {
   return previous.concat([value]);
@@ -84,33 +82,12 @@ export function readToken(opts: { token?: string; tokenFile?: string }): string 
   return opts.token;
 }
 
-const warn = (w: string) => process.stderr.write(`svctrace: warning: ${w}\n`);
+/** Warnings go to stderr, one line each; the command goes on. */
+export const warn = (w: string): void => {
+  process.stderr.write(`svctrace: warning: ${w}\n`);
+};
 
-/**
- * What every tracing command sets up from the selection options: the node's
- * kube-proxy rules, the optional Kubernetes API, and the flow tracer.
- */
-export async function startTracing(
-  opts: SelectionOptions,
-  services: ServiceSpec[],
-  extra: { snaplen?: number; onIngested: (items: Ingested[]) => void },
-): Promise<{ tracer: FlowTracer; discovery: Discovery; cluster: Cluster | null }> {
-  const discovery = await discover(opts.netns.length ? resolveNetns(opts.netns[0]!) : CURRENT_NETNS);
-  const cluster = await Cluster.start({ kubeconfig: opts.kubeconfig, onWarning: warn });
-  try {
-    const tracer = FlowTracer.start({
-      cluster,
-      discovery,
-      services,
-      netns: opts.netns.length ? opts.netns : [CURRENT_NETNS],
-      snaplen: extra.snaplen,
-      allPackets: !!opts.allPackets,
-      onWarning: warn,
-      onIngested: extra.onIngested,
-    });
-    return { tracer, discovery, cluster };
-  } catch (e) {
-    await cluster?.stop();
-    throw e;
-  }
+/** The pipeline's selection from the selection options: what every tracing command traces, and where. */
+export function selectionOf(opts: SelectionOptions, services: ServiceSpec[]): PipelineOptions {
+  return { services, netns: opts.netns, kubeconfig: opts.kubeconfig, allPackets: !!opts.allPackets, onWarning: warn };
 }

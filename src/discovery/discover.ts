@@ -4,22 +4,11 @@
  * present, else iptables mode (iptables-save), plus IPVS when ipvsadm
  * answers. Missing tools are warnings, never errors.
  */
-import { execFile } from 'node:child_process';
-import { CURRENT_NETNS } from '../tracer/netns';
+import { CURRENT_NETNS, runInNetns } from '../netns/netns';
 import { parseIptablesSave } from './iptables';
 import { parseNftKubeProxy } from './nftables';
 import { parseIpvsadm } from './ipvs';
 import { Discovery } from './model';
-
-export function runInNetns(netnsPath: string, argv: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
-  const full = netnsPath === CURRENT_NETNS ? argv : ['nsenter', `--net=${netnsPath}`, '--', ...argv];
-  return new Promise((resolve) => {
-    execFile(full[0]!, full.slice(1), { encoding: 'utf8', timeout: 20_000, maxBuffer: 256 << 20 }, (err, stdout, stderr) => {
-      const code = err ? (typeof err.code === 'number' ? err.code : 127) : 0;
-      resolve({ code, stdout, stderr: err && (err as NodeJS.ErrnoException).code === 'ENOENT' ? `${full[0]} not installed` : stderr });
-    });
-  });
-}
 
 export async function discover(netnsPath: string = CURRENT_NETNS): Promise<Discovery> {
   const [nft, ipt] = await Promise.all([

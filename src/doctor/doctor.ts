@@ -7,7 +7,7 @@
 import fs from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import { loadBinding, ProbeResult } from '../native/binding';
-import { resolveNetns } from '../tracer/netns';
+import { argvInNetns, CURRENT_NETNS, resolveNetns } from '../netns/netns';
 import { readKernelConfig } from './kernel-config';
 
 export interface Check {
@@ -72,8 +72,8 @@ function run(cmd: string, args: string[]): string | null {
 }
 
 function inNetns(netnsPath: string | undefined, cmd: string, args: string[]): string | null {
-  if (!netnsPath) return run(cmd, args);
-  return run('nsenter', [`--net=${netnsPath}`, '--', cmd, ...args]);
+  const [c, ...a] = argvInNetns(netnsPath ?? CURRENT_NETNS, [cmd, ...args]);
+  return run(c!, a);
 }
 
 function iptablesBackendCheck(): Check {

@@ -4,7 +4,7 @@
  * flows showed; the explain command gathers the inputs.
  */
 import { DiscoveredService } from '../discovery/model';
-import type { Flow } from '../flows/flow-table';
+import type { Flow } from '../flows/types';
 import type { ApiEndpoint } from '../k8s/cluster';
 import { IPS_SEEN_REPLY } from '../events/conntrack';
 import { ConntrackPressure, NeighbourInfo, RouteInfo } from './node-state';

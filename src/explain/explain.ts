@@ -5,12 +5,12 @@
  * and with `watch` the live distribution compared with the rules.
  */
 import { SvctraceError } from '../errors';
-import { discover, runInNetns } from '../discovery/discover';
+import { discover } from '../discovery/discover';
 import { DiscoveredService, Discovery, findByAddress, findByName } from '../discovery/model';
 import { parseServiceSpec } from '../net/ipv4';
-import { CURRENT_NETNS, resolveNetns } from '../tracer/netns';
-import { FlowTracer } from '../tracer/flow-tracer';
-import { waitForStop } from '../tracer/session';
+import { CURRENT_NETNS, resolveNetns, runInNetns } from '../netns/netns';
+import { Pipeline } from '../pipeline/pipeline';
+import { waitForStop } from '../pipeline/lifecycle';
 import { ApiEndpoint, Cluster } from '../k8s/cluster';
 import { BackendState, Diagnosis, diagnoseApi, diagnoseBackends, diagnoseConntrack, diagnoseRules, diagnoseTraffic, ObservedTraffic, observeFlows } from './diagnose';
 import { conntrackPressure, neighbour, routeTo } from './node-state';
@@ -81,7 +81,7 @@ export async function explain(opts: ExplainOptions): Promise<Explanation[]> {
     });
   }
   await cluster?.stop();
-  if (opts.watchSeconds) await watch(out, netns, opts.watchSeconds);
+  if (opts.watchSeconds) await watch(out, netns, d, opts.watchSeconds, opts.onWarning);
   return out;
 }
 
@@ -92,17 +92,22 @@ function apiEndpointsFor(cluster: Cluster, svc: DiscoveredService): ApiEndpoint[
 }
 
 /** Traces the services for a while and adds what the traffic showed. */
-async function watch(exps: Explanation[], netns: string, seconds: number): Promise<void> {
+async function watch(exps: Explanation[], netns: string, d: Discovery, seconds: number, onWarning?: (m: string) => void): Promise<void> {
   const svcs = exps.map((e) => e.service!).filter(Boolean);
   if (!svcs.length) return;
-  const tracer = FlowTracer.start({
+  const pipeline = await Pipeline.start({
     services: svcs.map((s) => parseServiceSpec(`${s.clusterIP}:${s.port}/${s.proto}`)),
     netns: [netns],
-    closeGraceMs: 3_600_000,
+    discovery: d,
+    // Only the flows are compared with the rules: no names from the API, no rule paths (no marking table in the node).
+    kubeconfig: false,
+    ruleTrace: false,
+    closeGraceMs: 3_600_000, // every flow of the window stays for the comparison
+    onWarning,
   });
   await waitForStop(seconds);
-  const flows = tracer.table.flows();
-  await tracer.stop();
+  const flows = pipeline.flows.flows();
+  await pipeline.stop();
   for (const e of exps) {
     const s = e.service;
     if (!s) continue;

@@ -5,7 +5,8 @@
  * after a minute. The rules-based ones are reported at the start.
  */
 import { DiscoveredService } from '../discovery/model';
-import { Flow, Ingested, serviceLabel } from '../flows/flow-table';
+import type { Flow, Ingested } from '../flows/types';
+import { serviceLabel } from '../flows/service-ids';
 import { parseServiceSpec } from '../net/ipv4';
 import { Diagnosis, diagnoseRules, diagnoseTraffic, observeFlows } from './diagnose';
 

@@ -1,5 +1,5 @@
 /** What the node's kernel says about reaching each backend, and conntrack's pressure, read in the traced namespace. */
-import { runInNetns } from '../discovery/discover';
+import { runInNetns } from '../netns/netns';
 
 export interface RouteInfo {
   ok: boolean;

@@ -1,7 +1,8 @@
 /**
- * The flow model: correlates kernel events from every hook into one flow per
- * connection (one conntrack entry), classifies each event into the stages of
- * a Service request, and keeps per-flow state, counters and timeline.
+ * The flow table: correlates kernel events from every hook into one flow per
+ * connection (one conntrack entry), keeps per-flow state, counters and
+ * timeline, and expires and caps flows. What each event means is decided in
+ * ./classify (pure); this module indexes and applies.
  *
  * Keys: the nf_conn kernel address the BPF side reports (ct_id); conntrack
  * DESTROY messages from netlink carry no address, so they find their flow by
@@ -10,123 +11,29 @@
  */
 import { svctrace } from '../gen/svctrace';
 import { FlowStatsRecord, KernelEvent, RuleTrace, Tuple } from '../events/decode';
-import { Dir, EventKind, NfStage, StatsReason } from '../events/layout';
-import { ctStatusNames, IPS_CONFIRMED, IPS_DST_NAT, IPS_SRC_NAT, NF_HOOK_NAMES, PROTO_NAMES, TCP_CT_STATES } from '../events/conntrack';
+import { EventKind, StatsReason } from '../events/layout';
+import { IPS_CONFIRMED, IPS_DST_NAT, IPS_SRC_NAT } from '../events/conntrack';
 import { wallNs } from '../clock';
-import { ServiceSpec } from '../net/ipv4';
 import { longFromBigint, protoTuple, toProtoEvent } from './to-proto';
+import { BENIGN_DROPS, Classification, classifyEvent, inferredRulePathSummary, rulePathOf, tcpStateChangeNote } from './classify';
+import { serviceLabelById } from './service-ids';
+import { endpoint, sameTuple, tupleKey } from './tuple';
+import type { Flow, FlowSummary, FlowTableOptions, FlowTableView, Ingested, TimelineEntry } from './types';
 
 import pb = svctrace.v1;
 const Stage = pb.Stage;
 
-/** Drop reasons that are normal end-of-life of a packet, not failures. */
-export const BENIGN_DROPS = new Set(['QUEUE_PURGE', 'SOCKET_CLOSE', 'TCP_CLOSE']);
-
-export interface TimelineEntry {
-  tsNs: bigint;
-  stage: pb.Stage;
-  summary: string;
-  /** First occurrence of this milestone in the flow (what text output prints). */
-  milestone: boolean;
-  /** Conntrack's TCP state moved with this packet. */
-  stateChange?: boolean;
-  /** Overrides the stage's label in text output. */
-  label?: string;
-}
-
-export interface Flow {
-  id: number;
-  key: string;
-  /** Key in the (namespace, original tuple) index, for conntrack DESTROY messages. */
-  tupleIndexKey: string;
-  service: string;
-  serviceId: number;
-  proto: number;
-  /** Original tuple: client -> service address. */
-  orig: Tuple;
-  /** Reply tuple: backend -> what the backend sees. */
-  reply: Tuple;
-  ctId: string;
-  nodeNetnsIno: number;
-  backendNetns?: string;
-  status: number;
-  tcpState: number;
-  dnat: boolean;
-  masqueraded: boolean;
-  /** Counted in the kernel (svt_flow_state), per direction [original, reply]; from flow-stats records. */
-  packets: [number, number];
-  bytes: [number, number];
-  /** Packets of the flow the kernel dropped (counted in the kernel, every retry included). */
-  kernelDrops: number;
-  /** The counters are the flow's last (it ended: closed, address reused, or expired). */
-  countersFinal: boolean;
-  firstTsNs: bigint;
-  lastTsNs: bigint;
-  closed: boolean;
-  closedTsNs?: bigint;
-  drops: string[];
-  reset: boolean;
-  icmpErrors: string[];
-  /** The kube-proxy chains the first packet went through (nftables trace), when observed. */
-  rulePath: string[];
-  timeline: TimelineEntry[];
-  /** Milestones already reported, e.g. 'dnat', 'dev:0:veth2:123'. */
-  seen: Set<string>;
-}
-
-export interface Ingested {
-  flow: Flow;
-  event: pb.IEvent;
-  entry: TimelineEntry;
-}
-
-export interface FlowTableOptions {
-  services: ServiceSpec[];
-  dropReasons?: Record<string, string>;
-  netnsName?: (inode: number) => string | undefined;
-  /** How long a closed flow stays before it is expired (default 5 s). */
-  closeGraceMs?: number;
-  /** Flows with no event for this long are expired (default 10 min). */
-  idleMs?: number;
-  /** At most this many flows are kept; the oldest go first (default 20k). */
-  maxFlows?: number;
-  /** Milestones kept per flow (default 64); counters keep counting. */
-  maxTimeline?: number;
-}
-
-export interface FlowSummary {
-  flows: number;
-  closed: number;
-  perBackend: Record<string, number>;
-  dropsByReason: Record<string, number>;
-  resets: number;
-  /** Flows removed from the table to stay under maxFlows (their later events start new flows). */
-  evicted: number;
-}
-
-function sameTuple(a: Tuple, b: Tuple): boolean {
-  return a.sport === b.sport && a.dport === b.dport && a.saddr === b.saddr && a.daddr === b.daddr && a.proto === b.proto;
-}
-
-export function tupleKey(t: Tuple): string {
-  return `${t.proto}|${t.saddr}:${t.sport}>${t.daddr}:${t.dport}`;
-}
-
-export function endpoint(addr: string, port: number): string {
-  return `${addr}:${port}`;
-}
-
-export function serviceLabel(s: ServiceSpec): string {
-  return `${s.address ?? '*'}:${s.port}/${s.proto}`;
-}
-
-export class FlowTable {
+export class FlowTable implements FlowTableView {
   private readonly byKey = new Map<string, Flow>();
   private readonly byTuple = new Map<string, Flow>();
   private nextId = 1;
   private readonly opts: Required<Omit<FlowTableOptions, 'netnsName' | 'dropReasons'>> & Pick<FlowTableOptions, 'netnsName'>;
   private readonly dropReasons: Record<string, string>;
   private readonly summaryCounters: FlowSummary = { flows: 0, closed: 0, perBackend: {}, dropsByReason: {}, resets: 0, evicted: 0 };
+  /** Rule traces that were waiting for a flow, emitted right after its first event. */
+  private readonly deferred: Ingested[] = [];
+  /** Rule traces that arrived before their flow's first kernel event, by tuple index key. */
+  private readonly pendingTraces = new Map<string, { at: number; traces: RuleTrace[] }>();
 
   constructor(opts: FlowTableOptions) {
     this.opts = {
@@ -150,11 +57,6 @@ export class FlowTable {
 
   summary(): FlowSummary {
     return structuredClone(this.summaryCounters);
-  }
-
-  private serviceName(id: number): string {
-    const s = this.opts.services[id - 1];
-    return s ? serviceLabel(s) : `service#${id}`;
   }
 
   dropReasonName(reason: number): string {
@@ -182,8 +84,6 @@ export class FlowTable {
     return out;
   }
 
-  private readonly deferred: Ingested[] = [];
-
   /**
    * A flow's counters from the kernel. A flow whose events never arrived
    * (they did not fit the ring buffer) is created from its counters, so it
@@ -192,14 +92,11 @@ export class FlowTable {
   private applyStats(r: FlowStatsRecord): Ingested | undefined {
     const key = `ct:${r.ctId}`;
     let f = this.byKey.get(key);
-    if (f && !sameTuple(f.orig, r.orig)) {
-      if (r.reason !== StatsReason.REUSED) return undefined; // a newer flow holds the address
-      // The old flow's final account, after its events: it was already replaced.
-      return undefined;
-    }
+    // Counters of an earlier entry at a reused address never touch a newer flow.
+    if (f && !sameTuple(f.orig, r.orig)) return undefined;
     if (!f) {
       if (r.reason === StatsReason.REUSED || r.reason === StatsReason.EXPIRED) return undefined; // long gone from the table
-      f = this.newFlowFromStats(key, r);
+      f = this.newFlow(key, { netnsIno: r.netnsIno, serviceId: r.serviceId, tsNs: r.firstNs, kind: EventKind.NF, ctReply: r.orig, ctId: r.ctId }, r.orig);
     }
     f.packets = [r.packets[0], r.packets[1]];
     f.bytes = [r.bytes[0], r.bytes[1]];
@@ -230,12 +127,6 @@ export class FlowTable {
     return { flow: f, event, entry };
   }
 
-  private newFlowFromStats(key: string, r: FlowStatsRecord): Flow {
-    const f = this.newFlow(key, { netnsIno: r.netnsIno, serviceId: r.serviceId, tsNs: r.firstNs, kind: EventKind.NF, ctReply: r.orig, ctId: r.ctId }, r.orig);
-    f.nodeNetnsIno = r.netnsIno;
-    return f;
-  }
-
   private newFlow(key: string, e: Pick<KernelEvent, 'netnsIno' | 'serviceId' | 'tsNs' | 'kind' | 'ctReply' | 'ctId'>, orig: Tuple): Flow {
     if (this.byKey.size >= this.opts.maxFlows) this.evictOldest();
     const tupleIndexKey = `${e.netnsIno}|${tupleKey(orig)}`;
@@ -243,7 +134,7 @@ export class FlowTable {
       id: this.nextId++,
       key,
       tupleIndexKey,
-      service: this.serviceName(e.serviceId),
+      service: serviceLabelById(this.opts.services, e.serviceId),
       serviceId: e.serviceId,
       proto: orig.proto,
       orig,
@@ -273,9 +164,6 @@ export class FlowTable {
     this.summaryCounters.flows++;
     return f;
   }
-
-  /** Rule traces that arrived before their flow's first kernel event, by tuple index key. */
-  private readonly pendingTraces = new Map<string, { at: number; traces: RuleTrace[] }>();
 
   /**
    * Ingests nftables trace messages: the rule path of each traced packet
@@ -310,34 +198,15 @@ export class FlowTable {
   inferRulePath(f: Flow, path: string[], why: string): Ingested | undefined {
     if (f.rulePath.length || !path.length) return undefined;
     f.rulePath = path;
-    return this.ruleEvent(f, f.lastTsNs, `kube-proxy rules (inferred from the DNAT target; ${why}): ${path.join(' -> ')}`, path);
+    return this.ruleEvent(f, f.lastTsNs, inferredRulePathSummary(path, why), path);
   }
 
   private attachRuleTrace(f: Flow, group: RuleTrace[]): Ingested | undefined {
     if (f.rulePath.length) return undefined; // only the first packet's path
-    const path: string[] = [];
-    let masq = false;
-    let table = '';
-    for (const t of group) {
-      if (t.table.startsWith('svctrace_')) continue; // our own marking table
-      if (t.table !== 'nat' && t.table !== 'kube-proxy') continue;
-      if (/^(KUBE-MARK-MASQ|mark-for-masquerade)$/.test(t.chain)) {
-        masq = true;
-        continue;
-      }
-      table ||= t.table;
-      if (path.at(-1) !== t.chain) path.push(t.chain);
-    }
-    // From the NAT base chain to the chain that DNATed (kube-proxy's filter
-    // chains and the SNAT chains after it are other stages).
-    const start = Math.max(0, path.findIndex((c) => /^(nat-|PREROUTING$|OUTPUT$)/.test(c)));
-    const dnatAt = path.findIndex((c) => /^(KUBE-SEP-|endpoint-)/.test(c));
-    path.splice(dnatAt >= 0 ? dnatAt + 1 : path.length);
-    path.splice(0, start);
-    if (!path.length) return undefined;
-    f.rulePath = path;
-    const summary = `kube-proxy rules taken (observed, nftables trace, table ${table}): ${path.join(' -> ')}${masq ? ' (marked for masquerade)' : ''}`;
-    return this.ruleEvent(f, group[0]!.tsNs, summary, path);
+    const r = rulePathOf(group);
+    if (!r) return undefined;
+    f.rulePath = r.path;
+    return this.ruleEvent(f, group[0]!.tsNs, r.summary, r.path);
   }
 
   private ruleEvent(f: Flow, tsNs: bigint, summary: string, path: string[]): Ingested {
@@ -403,17 +272,16 @@ export class FlowTable {
     if (e.tsNs > f.lastTsNs) f.lastTsNs = e.tsNs;
     const prevTcpState = f.tcpState;
     if (e.kind === EventKind.NF) this.updateConntrack(f, e);
-    const c = this.classify(f, e);
+    const c = classifyEvent(f, e, { dropReasonName: (r) => this.dropReasonName(r), netnsName: this.opts.netnsName });
+    this.apply(f, e, c);
     let { summary, milestone } = c;
-    let stateChange = false;
-    const stage = c.stage;
-    // Conntrack's TCP state machine moving is a transition worth a line.
-    if (e.kind === EventKind.NF && e.ctOrig.proto === 6 && f.tcpState !== prevTcpState && prevTcpState !== 0) {
-      summary += ` (conntrack TCP ${TCP_CT_STATES[prevTcpState] ?? prevTcpState} -> ${TCP_CT_STATES[f.tcpState] ?? f.tcpState})`;
+    const note = tcpStateChangeNote(e, prevTcpState, f.tcpState);
+    if (note) {
+      summary += note;
       milestone = true;
-      stateChange = true;
     }
-    const entry: TimelineEntry = { tsNs: e.tsNs, stage, summary, milestone, stateChange };
+    const stage = c.stage;
+    const entry: TimelineEntry = { tsNs: e.tsNs, stage, summary, milestone, stateChange: !!note };
     // The timeline keeps milestones only (what a person reads); every event
     // still goes out through the returned Ingested. Bounded per flow.
     if (milestone && f.timeline.length < this.opts.maxTimeline) {
@@ -437,6 +305,27 @@ export class FlowTable {
     return { flow: f, event, entry };
   }
 
+  /** Applies what the classifier decided to the flow and the summary counters. */
+  private apply(f: Flow, e: KernelEvent, c: Classification): void {
+    if (c.seenKey) f.seen.add(c.seenKey);
+    const fx = c.effects;
+    if (fx.reset) {
+      if (!f.reset) this.summaryCounters.resets++;
+      f.reset = true;
+    }
+    if (fx.icmpError) f.icmpErrors.push(fx.icmpError);
+    if (fx.backendNetns) f.backendNetns = fx.backendNetns;
+    if (fx.drop) {
+      f.drops.push(fx.drop);
+      this.summaryCounters.dropsByReason[fx.drop] = (this.summaryCounters.dropsByReason[fx.drop] ?? 0) + 1;
+    }
+    if (fx.closed && !f.closed) {
+      f.closed = true;
+      f.closedTsNs = e.tsNs;
+      this.summaryCounters.closed++;
+    }
+  }
+
   private updateConntrack(f: Flow, e: KernelEvent): void {
     f.status = e.ctStatus;
     f.reply = e.ctReply;
@@ -451,138 +340,6 @@ export class FlowTable {
     }
     // Packets and bytes are counted in the kernel (applyStats), not here:
     // established packets do not reach user space one by one.
-  }
-
-  /** Stage, summary and whether this is a first-time milestone of the flow. */
-  private classify(f: Flow, e: KernelEvent): { stage: pb.Stage; summary: string; milestone: boolean } {
-    const once = (key: string) => {
-      if (f.seen.has(key)) return false;
-      f.seen.add(key);
-      return true;
-    };
-    const pkt = `${e.pkt.saddr}:${e.pkt.sport} -> ${e.pkt.daddr}:${e.pkt.dport}`;
-    const flags = e.pkt.proto === 6 && e.tcpFlags & 0x04 ? ' RST' : '';
-    if (e.pkt.proto === 6 && e.tcpFlags & 0x04 && e.kind !== EventKind.FIB) {
-      const first = !f.reset;
-      if (first) this.summaryCounters.resets++;
-      f.reset = true;
-      const who = e.dir === Dir.REPLY ? 'backend' : 'client';
-      return { stage: Stage.STAGE_DROP, summary: `TCP RST from the ${who}: ${pkt}`, milestone: first };
-    }
-    if (e.pkt.proto === 1 && e.icmpType === 3 && e.kind !== EventKind.FIB) {
-      const what = ICMP_UNREACH[e.icmpCode] ?? `code ${e.icmpCode}`;
-      const first = once(`icmp:${e.icmpCode}`);
-      if (first) f.icmpErrors.push(what);
-      return { stage: Stage.STAGE_DROP, summary: `ICMP destination unreachable (${what}) sent to ${e.pkt.daddr}`, milestone: first };
-    }
-    switch (e.kind) {
-      case EventKind.NF:
-        return this.classifyNf(f, e, once, pkt + flags);
-      case EventKind.FIB: {
-        const via = e.gateway ? `via ${e.gateway} ` : '';
-        const table = e.reason === 254 ? 'main' : e.reason === 255 ? 'local' : String(e.reason);
-        const to = e.dir === Dir.REPLY ? 'client' : 'backend';
-        return {
-          stage: Stage.STAGE_ROUTE,
-          summary: `route to ${to} ${e.pkt.daddr}: ${via}dev ${e.ifname || '?'} (table ${table})`,
-          milestone: once(`route:${e.dir}:${e.pkt.daddr}:${e.ifname}`),
-        };
-      }
-      case EventKind.DEV_XMIT:
-      case EventKind.DEV_RECV: {
-        const verb = e.kind === EventKind.DEV_XMIT ? 'xmit' : 'recv';
-        const ns = this.opts.netnsName?.(e.netnsIno) ?? `netns:${e.netnsIno}`;
-        const kind = e.linkKind === 'vxlan' ? 'tunnel' : e.linkKind || 'device';
-        const inPod = f.nodeNetnsIno !== 0 && e.netnsIno !== f.nodeNetnsIno;
-        if (inPod && e.dir === Dir.ORIGINAL && e.kind === EventKind.DEV_RECV) f.backendNetns = ns;
-        const where = inPod ? ` in ${ns}` : '';
-        const tunnel = e.linkKind !== 'vxlan' ? '' : e.kind === EventKind.DEV_XMIT ? ' (VXLAN tunnel egress)' : ' (VXLAN tunnel ingress, decapsulated)';
-        return {
-          stage: Stage.STAGE_DEVICE,
-          summary: `${verb} ${e.ifname} (${kind})${where}${tunnel}: ${pkt}${flags}`,
-          milestone: once(`dev:${e.dir}:${verb}:${e.ifname}:${e.netnsIno}`),
-        };
-      }
-      case EventKind.DROP: {
-        const name = this.dropReasonName(e.reason);
-        const benign = BENIGN_DROPS.has(name);
-        if (!benign) {
-          f.drops.push(name);
-          this.summaryCounters.dropsByReason[name] = (this.summaryCounters.dropsByReason[name] ?? 0) + 1;
-        }
-        const ns = this.opts.netnsName?.(e.netnsIno);
-        return {
-          stage: Stage.STAGE_DROP,
-          summary: `${benign ? 'freed' : 'DROPPED'} (${name})${e.ifname ? ` at ${e.ifname}` : ''}${ns ? ` in ${ns}` : ''}: ${pkt}`,
-          milestone: !benign && once(`drop:${name}`),
-        };
-      }
-      case EventKind.CT_DESTROY: {
-        const first = !f.closed;
-        if (first) {
-          f.closed = true;
-          f.closedTsNs = e.tsNs;
-          this.summaryCounters.closed++;
-        }
-        const state = e.ctOrig.proto === 6 ? ` in ${TCP_CT_STATES[e.ctTcpState] ?? e.ctTcpState}` : '';
-        return { stage: Stage.STAGE_CLOSE, summary: `conntrack entry destroyed${state} [${ctStatusNames(e.ctStatus).join(',')}]`, milestone: first };
-      }
-      default:
-        return { stage: Stage.STAGE_UNSPECIFIED, summary: `event kind ${e.kind}`, milestone: false };
-    }
-  }
-
-  private classifyNf(f: Flow, e: KernelEvent, once: (k: string) => boolean, pkt: string): { stage: pb.Stage; summary: string; milestone: boolean } {
-    const hook = NF_HOOK_NAMES[e.nfHook] ?? `hook${e.nfHook}`;
-    const at = `@ ${hook} ${e.nfPriority}`;
-    const before = e.nfStage === NfStage.BEFORE_NAT;
-    const dnatHook = hook === 'PRE_ROUTING' || hook === 'LOCAL_OUT';
-    const status = ctStatusNames(e.ctStatus).join(',');
-    if (e.dir === Dir.ORIGINAL && dnatHook && before) {
-      if (!(e.ctStatus & IPS_CONFIRMED)) {
-        return {
-          stage: Stage.STAGE_MATCH,
-          summary: `matches ${f.service} ${at}: ${pkt}, conntrack NEW`,
-          milestone: once('match'),
-        };
-      }
-      return { stage: Stage.STAGE_ARRIVE, summary: `before DNAT ${at}: ${pkt} [${status}]`, milestone: false };
-    }
-    if (e.dir === Dir.ORIGINAL && dnatHook && !before) {
-      if (e.ctStatus & IPS_DST_NAT) {
-        return {
-          stage: Stage.STAGE_DNAT,
-          summary: `DNAT ${at}: ${e.ctOrig.daddr}:${e.ctOrig.dport} -> backend ${e.ctReply.saddr}:${e.ctReply.sport}`,
-          milestone: once('dnat'),
-        };
-      }
-      return {
-        stage: Stage.STAGE_DNAT,
-        summary: `NOT DNATed ${at}: ${pkt} still goes to the service address (no kube-proxy rule matched)`,
-        milestone: once('no-dnat'),
-      };
-    }
-    if (e.dir === Dir.ORIGINAL && !dnatHook && !before) {
-      const seen = `${e.ctReply.daddr}:${e.ctReply.dport}`;
-      const summary =
-        e.ctStatus & IPS_SRC_NAT
-          ? `MASQUERADE/SNAT ${at}: backend sees ${seen} (not the client ${e.ctOrig.saddr}:${e.ctOrig.sport})`
-          : `no SNAT ${at}: backend sees the client ${seen}`;
-      return { stage: Stage.STAGE_SNAT, summary, milestone: once('snat') };
-    }
-    if (e.dir === Dir.REPLY && !before && e.pkt.saddr === e.ctOrig.daddr && e.pkt.sport === e.ctOrig.dport) {
-      return {
-        stage: Stage.STAGE_REPLY,
-        summary: `reply un-DNAT ${at}: source ${e.ctReply.saddr}:${e.ctReply.sport} rewritten to ${e.pkt.saddr}:${e.pkt.sport}, to ${e.pkt.daddr}:${e.pkt.dport}`,
-        milestone: once('reply'),
-      };
-    }
-    const nat = dnatHook ? 'DNAT' : 'SNAT';
-    return {
-      stage: e.dir === Dir.REPLY ? Stage.STAGE_REPLY : dnatHook ? Stage.STAGE_DNAT : Stage.STAGE_SNAT,
-      summary: `${before ? 'before' : 'after'} ${nat} ${at}: ${pkt} [${status}]`,
-      milestone: false,
-    };
   }
 
   /** Removes flows closed longer than the grace period or idle too long; returns them. */
@@ -604,41 +361,3 @@ const STATS_REASON_NAMES: Record<number, string> = {
   [StatsReason.REUSED]: 'reused',
   [StatsReason.EXPIRED]: 'expired',
 };
-
-/** ICMP destination-unreachable codes (RFC 792/1122), as REJECT sends them. */
-const ICMP_UNREACH: Record<number, string> = {
-  0: 'net unreachable',
-  1: 'host unreachable',
-  3: 'port unreachable',
-  9: 'net prohibited',
-  10: 'host prohibited',
-  13: 'administratively prohibited',
-};
-
-/** The Flow message for a flow (for summaries and streaming). */
-export function flowToProto(f: Flow): pb.IFlow {
-  return {
-    id: f.id,
-    service: f.service,
-    protocol: f.proto as pb.Protocol,
-    client: endpoint(f.orig.saddr, f.orig.sport),
-    serviceAddress: endpoint(f.orig.daddr, f.orig.dport),
-    backend: f.dnat ? endpoint(f.reply.saddr, f.reply.sport) : '',
-    backendNetns: f.backendNetns ?? '',
-    seenByBackend: endpoint(f.reply.daddr, f.reply.dport),
-    masqueraded: f.masqueraded,
-    state: f.proto === 6 ? TCP_CT_STATES[f.tcpState] ?? '' : PROTO_NAMES[f.proto] ?? '',
-    statusNames: ctStatusNames(f.status),
-    packetsOriginal: f.packets[0],
-    bytesOriginal: f.bytes[0],
-    packetsReply: f.packets[1],
-    bytesReply: f.bytes[1],
-    firstTsNs: longFromBigint(wallNs(f.firstTsNs)),
-    lastTsNs: longFromBigint(wallNs(f.lastTsNs)),
-    closed: f.closed,
-    drops: f.drops,
-    reset: f.reset,
-    conntrackId: f.ctId,
-    rulePath: f.rulePath,
-  };
-}

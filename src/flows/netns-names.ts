@@ -5,7 +5,7 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { NETNS_RUN_DIR } from '../tracer/netns';
+import { NETNS_RUN_DIR } from '../netns/netns';
 
 export class NetnsNames {
   private byInode = new Map<number, string>();

@@ -1,12 +1,14 @@
 /**
- * The one place that knows both the kernel record (KernelEvent) and the wire
- * message (svctrace.v1.Event): maps one onto the other.
+ * The one place that knows both the flow model (KernelEvent, Flow) and the
+ * wire messages (svctrace.v1.Event, svctrace.v1.Flow): maps one onto the other.
  */
 import Long from 'long';
 import { svctrace } from '../gen/svctrace';
 import { KernelEvent, Tuple } from '../events/decode';
 import { EventKind, NfStage, Dir } from '../events/layout';
-import { ctStatusNames, TCP_CT_STATES, tcpFlagNames } from '../events/conntrack';
+import { ctStatusNames, PROTO_NAMES, TCP_CT_STATES, tcpFlagNames } from '../events/conntrack';
+import type { Flow } from './types';
+import { endpoint } from './tuple';
 import { wallNs } from '../clock';
 
 import pb = svctrace.v1;
@@ -105,4 +107,32 @@ export function toProtoEvent(e: KernelEvent, ctx: EventContext): pb.IEvent {
 /** proto3 canonical JSON of an Event (what `trace -o json` prints, one per line). */
 export function eventToJson(ev: pb.IEvent): string {
   return JSON.stringify(pb.Event.toObject(pb.Event.fromObject(ev), { longs: String, enums: String, bytes: String, json: true }));
+}
+
+/** The Flow message for a flow (for summaries and streaming). */
+export function flowToProto(f: Flow): pb.IFlow {
+  return {
+    id: f.id,
+    service: f.service,
+    protocol: f.proto as pb.Protocol,
+    client: endpoint(f.orig.saddr, f.orig.sport),
+    serviceAddress: endpoint(f.orig.daddr, f.orig.dport),
+    backend: f.dnat ? endpoint(f.reply.saddr, f.reply.sport) : '',
+    backendNetns: f.backendNetns ?? '',
+    seenByBackend: endpoint(f.reply.daddr, f.reply.dport),
+    masqueraded: f.masqueraded,
+    state: f.proto === 6 ? TCP_CT_STATES[f.tcpState] ?? '' : PROTO_NAMES[f.proto] ?? '',
+    statusNames: ctStatusNames(f.status),
+    packetsOriginal: f.packets[0],
+    bytesOriginal: f.bytes[0],
+    packetsReply: f.packets[1],
+    bytesReply: f.bytes[1],
+    firstTsNs: longFromBigint(wallNs(f.firstTsNs)),
+    lastTsNs: longFromBigint(wallNs(f.lastTsNs)),
+    closed: f.closed,
+    drops: f.drops,
+    reset: f.reset,
+    conntrackId: f.ctId,
+    rulePath: f.rulePath,
+  };
 }

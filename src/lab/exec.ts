@@ -1,6 +1,7 @@
 /** Running the lab's system commands (ip, iptables-restore, curl) with clear errors. */
 import { execFile, ExecFileException } from 'node:child_process';
 import { SvctraceError } from '../errors';
+import { argvInNetns } from '../netns/netns';
 
 export interface RunResult {
   stdout: string;
@@ -29,7 +30,7 @@ export function run(argv: string[], opts: { input?: string; timeoutMs?: number; 
   });
 }
 
-/** Runs a command inside a network namespace (`ip netns exec`). */
+/** Runs a command inside a network namespace (a name under /run/netns or a path), the way every svctrace command enters one. */
 export function runIn(netns: string, argv: string[], opts: { input?: string; timeoutMs?: number; allowFail?: boolean } = {}): Promise<RunResult> {
-  return run(['ip', 'netns', 'exec', netns, ...argv], opts);
+  return run(argvInNetns(netns, argv), opts);
 }

@@ -14,6 +14,7 @@ import path from 'node:path';
 import readline from 'node:readline';
 import { SvctraceError } from '../errors';
 import { run, runIn } from './exec';
+import { argvInNetns } from '../netns/netns';
 import { KubeService, renderFilterTable, renderNatTable, renderNftKubeProxy } from './kube-rules';
 
 /** Every lab namespace name starts with this, then `<pid>-<random>-`. */
@@ -318,11 +319,8 @@ export class Lab {
 
   private startServer(pod: LabPod): Promise<void> {
     const script = path.join(__dirname, 'pod-server.js');
-    const child = spawn(
-      'ip',
-      ['netns', 'exec', pod.netns, process.execPath, script, '--name', pod.name, '--port', String(POD_HTTP_PORT), '--udp-port', String(POD_UDP_PORT)],
-      { stdio: ['pipe', 'pipe', 'inherit'] },
-    );
+    const [cmd, ...args] = argvInNetns(pod.netns, [process.execPath, script, '--name', pod.name, '--port', String(POD_HTTP_PORT), '--udp-port', String(POD_UDP_PORT)]);
+    const child = spawn(cmd!, args, { stdio: ['pipe', 'pipe', 'inherit'] });
     this.servers.set(pod.name, child);
     pod.pid = child.pid;
     return new Promise((resolve, reject) => {

@@ -4,7 +4,7 @@
  * printed on exit. Colour only when writing to a terminal.
  */
 import { svctrace } from '../gen/svctrace';
-import { Flow, FlowSummary, Ingested } from '../flows/flow-table';
+import type { Flow, FlowSummary, Ingested } from '../flows/types';
 import { PROTO_NAMES } from '../events/conntrack';
 import type { TracerStats } from '../tracer/tracer';
 import { formatLosses, kernelLosses, totalLost } from '../tracer/losses';

@@ -1,21 +1,20 @@
 /**
- * `svctrace record`: header, node snapshot, then the live events in chunks
- * (flushed every 500 ms or 1 MiB, each chunk one write, so a crash loses at
- * most the last half second), and a trailer with the counters when the
- * recording ends (duration, size limit or signal).
+ * `svctrace record`: a trace whose output is a recording — header, node
+ * snapshot, then the live events in chunks (pipeline/sinks/recording), and a
+ * trailer with the counters when the recording ends (duration, size limit or
+ * signal).
  */
 import os from 'node:os';
-import protobuf from 'protobufjs/minimal';
 import Long from 'long';
 import { longFromBigint } from '../flows/to-proto';
 import { svctrace } from '../gen/svctrace';
 import { SvctraceError } from '../errors';
 import { ServiceSpec } from '../net/ipv4';
-import { FlowTracer } from '../tracer/flow-tracer';
+import { Pipeline } from '../pipeline/pipeline';
 import { totalLost } from '../tracer/losses';
-import { resolveNetns } from '../tracer/netns';
-import { waitForStop } from '../tracer/session';
-import { serviceLabel } from '../flows/flow-table';
+import { waitForStop } from '../pipeline/lifecycle';
+import { RecordingSink } from '../pipeline/sinks/recording';
+import { serviceLabel } from '../flows/service-ids';
 import { runDoctor } from '../doctor/doctor';
 import { VERSION } from '../version';
 import { ChunkType, ChunkWriter } from './format';
@@ -23,19 +22,20 @@ import { takeSnapshot } from './snapshot';
 
 import pb = svctrace.v1;
 
-const FLUSH_BYTES = 1024 * 1024;
-const FLUSH_MS = 500;
-
 export interface RecordOptions {
   path: string;
   services: ServiceSpec[];
-  netns: string[];
+  /** Namespaces (names or paths); default: svctrace's own. */
+  netns?: string[];
+  /** Kubeconfig to name services and pods with (see PipelineOptions.kubeconfig). */
+  kubeconfig?: string | false;
   snaplen: number;
   allPackets?: boolean;
   durationS?: number;
   maxBytes?: number;
   overwrite?: boolean;
   command?: string;
+  onWarning?: (message: string) => void;
   /** Called about once a second with progress. */
   onProgress?: (p: { events: number; bytes: number; elapsedS: number }) => void;
 }
@@ -44,91 +44,67 @@ function mono(): Long {
   return longFromBigint(process.hrtime.bigint());
 }
 
-export async function record(opts: RecordOptions): Promise<pb.IRecordingTrailer> {
-  const netnsPaths = opts.netns.map(resolveNetns);
-  let writer: ChunkWriter;
+function createWriter(path: string, overwrite?: boolean): ChunkWriter {
   try {
-    writer = new ChunkWriter(opts.path, opts.overwrite);
+    return new ChunkWriter(path, overwrite);
   } catch (e) {
     const code = (e as NodeJS.ErrnoException).code;
-    throw new SvctraceError('BAD_INPUT', code === 'EEXIST' ? `${opts.path} exists (use --force to overwrite)` : `cannot create ${opts.path}: ${code ?? (e as Error).message}`);
+    throw new SvctraceError('BAD_INPUT', code === 'EEXIST' ? `${path} exists (use --force to overwrite)` : `cannot create ${path}: ${code ?? (e as Error).message}`);
   }
-  const doctor = runDoctor();
-  writer.write(
-    ChunkType.HEADER,
-    pb.RecordingHeader.encode({
-      toolVersion: VERSION,
-      protocolVersion: pb.ProtocolVersion.PROTOCOL_VERSION_1,
-      node: os.hostname(),
-      kernel: os.release(),
-      startedAt: new Date().toISOString(),
-      startedMonoNs: mono(),
-      services: opts.services.map(serviceLabel),
-      netns: netnsPaths,
-      capabilities: Object.fromEntries(doctor.checks.map((c) => [c.id, c.ok])),
-      snaplen: opts.snaplen,
-      command: opts.command ?? '',
-    }).finish(),
-  );
-  writer.write(ChunkType.SNAPSHOT, pb.NodeSnapshot.encode(await takeSnapshot(netnsPaths, opts.services)).finish());
+}
 
-  let pending = protobuf.Writer.create();
-  let pendingBytes = 0;
-  let events = 0;
-  let stopReason: string | null = null;
+export async function record(opts: RecordOptions): Promise<pb.IRecordingTrailer> {
+  let stopReason: string | undefined;
   const sizeReached = new AbortController();
-
-  const flush = () => {
-    if (!pendingBytes) return;
-    writer.write(ChunkType.EVENTS, pending.finish());
-    pending = protobuf.Writer.create();
-    pendingBytes = 0;
-    if (opts.maxBytes && writer.bytes >= opts.maxBytes && !stopReason) {
-      stopReason = 'max-size';
-      sizeReached.abort();
-    }
-  };
-
-  const tracer = FlowTracer.start({
-    services: opts.services,
-    netns: netnsPaths,
-    snaplen: opts.snaplen,
-    allPackets: opts.allPackets,
-    onWarning: (w) => process.stderr.write(`svctrace: warning: ${w}\n`),
-    onIngested: (items) => {
-      if (stopReason === 'max-size') return;
-      for (const { event } of items) {
-        const bytes = pb.Event.encode(event).finish();
-        pending.bytes(bytes); // length-delimited
-        pendingBytes += bytes.length + 5;
-        events++;
-      }
-      if (pendingBytes >= FLUSH_BYTES) flush();
+  let events: RecordingSink | undefined;
+  const pipeline = await Pipeline.start(
+    { services: opts.services, netns: opts.netns, kubeconfig: opts.kubeconfig, snaplen: opts.snaplen, allPackets: opts.allPackets, onWarning: opts.onWarning },
+    async (ctx) => {
+      const writer = createWriter(opts.path, opts.overwrite);
+      const doctor = runDoctor();
+      writer.write(
+        ChunkType.HEADER,
+        pb.RecordingHeader.encode({
+          toolVersion: VERSION,
+          protocolVersion: pb.ProtocolVersion.PROTOCOL_VERSION_1,
+          node: os.hostname(),
+          kernel: os.release(),
+          startedAt: new Date().toISOString(),
+          startedMonoNs: mono(),
+          services: ctx.services.map(serviceLabel),
+          netns: [...ctx.netns],
+          capabilities: Object.fromEntries(doctor.checks.map((c) => [c.id, c.ok])),
+          snaplen: opts.snaplen,
+          command: opts.command ?? '',
+        }).finish(),
+      );
+      writer.write(ChunkType.SNAPSHOT, pb.NodeSnapshot.encode(await takeSnapshot([...ctx.netns], [...ctx.services])).finish());
+      events = new RecordingSink(writer, {
+        maxBytes: opts.maxBytes,
+        onFull: () => {
+          stopReason ??= 'max-size';
+          sizeReached.abort();
+        },
+        trailer: () => {
+          const summary = ctx.flows.summary();
+          const losses = ctx.losses();
+          // A trace that failed to start still ends its recording.
+          return { flows: summary.flows, kernelLost: totalLost(losses), lostByStage: losses as Record<string, number>, dropsByReason: summary.dropsByReason, reason: stopReason ?? 'error' };
+        },
+      });
+      return [events];
     },
-  });
+  );
+  const sink = events!;
   const started = Date.now();
-  const flushTimer = setInterval(flush, FLUSH_MS);
-  const progressTimer = setInterval(() => opts.onProgress?.({ events, bytes: writer.bytes + pendingBytes, elapsedS: (Date.now() - started) / 1000 }), 1000);
+  const progressTimer = setInterval(() => opts.onProgress?.({ events: sink.events, bytes: sink.bytes, elapsedS: (Date.now() - started) / 1000 }), 1000);
   try {
     const why = await waitForStop(opts.durationS, sizeReached.signal);
     stopReason ??= why === 'timeout' ? 'duration' : 'signal';
   } finally {
-    clearInterval(flushTimer);
     clearInterval(progressTimer);
+    await pipeline.stop();
   }
-  const { summary, stats } = await tracer.stop();
-  flush();
-  const trailer: pb.IRecordingTrailer = {
-    events,
-    flows: summary.flows,
-    kernelLost: totalLost(tracer.losses()),
-    lostByStage: tracer.losses() as Record<string, number>,
-    endedAt: new Date().toISOString(),
-    endedMonoNs: mono(),
-    dropsByReason: summary.dropsByReason,
-    reason: stopReason ?? 'signal',
-  };
-  writer.write(ChunkType.TRAILER, pb.RecordingTrailer.encode(trailer).finish());
-  writer.close();
-  return trailer;
+  if (!sink.trailer) throw new SvctraceError('INTERNAL', `${opts.path}: the recording could not be completed`);
+  return sink.trailer;
 }

@@ -7,7 +7,7 @@
 import { longFromBigint } from '../flows/to-proto';
 import { svctrace } from '../gen/svctrace';
 import { ServiceSpec } from '../net/ipv4';
-import { runInNetns } from '../discovery/discover';
+import { runInNetns } from '../netns/netns';
 
 import pb = svctrace.v1;
 

@@ -9,7 +9,8 @@ import { parseIPv4, ServiceSpec } from '../net/ipv4';
 import { loadBinding, NativeStats, NativeTracer } from '../native/binding';
 import { Channel, FLOW_STATS } from '../events/layout';
 import { ChannelMerge } from './channel-merge';
-import { resolveNetns } from './netns';
+import { resolveNetns } from '../netns/netns';
+import { serviceIdsOf } from '../flows/service-ids';
 
 export type TracerStats = NativeStats & { batchCallbacks: number; decodeErrors: number };
 
@@ -80,13 +81,13 @@ export class Tracer {
     return this.native;
   }
 
-  /** Replaces the set of traced services; ids are their index in `services`, plus one. */
+  /** Replaces the set of traced services; each is reported under its id from serviceIdsOf. */
   setServices(services: ServiceSpec[]): void {
-    const list = services.map((s, i) => ({
+    const list = serviceIdsOf(services).map(({ service: s, id }) => ({
       addr: s.address === null ? 0 : parseIPv4(s.address),
       port: s.port,
       proto: s.protoNumber,
-      id: i + 1,
+      id,
     }));
     try {
       this.n.setServices(list);

@@ -1,6 +1,6 @@
-/** Collecting a FlowTracer's output in tests. */
+/** Collecting a Pipeline's output in tests (FlowLog.add is a sink's write). */
 import { svctrace } from '../../src/gen/svctrace';
-import { Flow, Ingested } from '../../src/flows/flow-table';
+import type { Flow, Ingested } from '../../src/flows/types';
 
 import pb = svctrace.v1;
 

@@ -10,7 +10,7 @@ import { kernelTest, IS_ROOT, sleep } from '../helpers/kernel';
 import { FlowLog, waitFor } from '../helpers/flows';
 import { Lab, LAB_ADDR, POD_HTTP_PORT, POD_UDP_PORT } from '../../src/lab/lab';
 import { runIn } from '../../src/lab/exec';
-import { FlowTracer } from '../../src/tracer/flow-tracer';
+import { Pipeline } from '../../src/pipeline/pipeline';
 import { parseNodePortSpec, parseServiceSpec } from '../../src/net/ipv4';
 import { UDP_QUERY } from '../../src/demo';
 import { svctrace } from '../../src/gen/svctrace';
@@ -20,26 +20,29 @@ const S = pb.Stage;
 
 describe('core tracer (kernel)', () => {
   let lab: Lab;
-  let tracer: FlowTracer;
+  let tracer: Pipeline;
   const log = new FlowLog();
 
   before(async () => {
     if (!IS_ROOT) return;
     lab = await Lab.up({ remoteNode: true });
     const svc = (name: string) => lab.service(name);
-    tracer = FlowTracer.start({
-      services: [
-        parseServiceSpec(`${svc('web').clusterIP}:80`),
-        parseNodePortSpec(String(svc('web').nodePort)),
-        parseServiceSpec(`${svc('kube-dns').clusterIP}:53/udp`),
-        parseServiceSpec(`${svc('empty').clusterIP}:80`),
-        parseServiceSpec(`${svc('closed').clusterIP}:80`),
-        parseServiceSpec(`${svc('remote').clusterIP}:80`),
-      ],
-      netns: [lab.nodeNetns],
-      onIngested: log.add,
-      closeGraceMs: 3_600_000, // keep every flow for the assertions
-    });
+    tracer = await Pipeline.start(
+      {
+        services: [
+          parseServiceSpec(`${svc('web').clusterIP}:80`),
+          parseNodePortSpec(String(svc('web').nodePort)),
+          parseServiceSpec(`${svc('kube-dns').clusterIP}:53/udp`),
+          parseServiceSpec(`${svc('empty').clusterIP}:80`),
+          parseServiceSpec(`${svc('closed').clusterIP}:80`),
+          parseServiceSpec(`${svc('remote').clusterIP}:80`),
+        ],
+        netns: [lab.nodeNetns],
+        kubeconfig: false, // the lab has no API server
+        closeGraceMs: 3_600_000, // keep every flow for the assertions
+      },
+      () => [{ name: 'test log', write: log.add }],
+    );
   });
 
   after(async () => {
@@ -105,7 +108,7 @@ describe('core tracer (kernel)', () => {
       perBackend.set(s.pod, (perBackend.get(s.pod) ?? 0) + 1);
     }
     // The tracer's per-backend counts equal the pods' own logs.
-    const summary = tracer.table.summary();
+    const summary = tracer.flows.summary();
     let total = 0;
     for (const pod of lab.pods) {
       const traced = summary.perBackend[`${pod.ip}:${POD_HTTP_PORT}`] ?? 0;

@@ -1,8 +1,7 @@
 /** record, verify, replay, export, inspect: the evidence commands. */
 import { Command } from 'commander';
 import { SvctraceError } from '../../errors';
-import { CURRENT_NETNS } from '../../tracer/netns';
-import { waitForStop } from '../../tracer/session';
+import { waitForStop } from '../../pipeline/lifecycle';
 import { record } from '../../record/recorder';
 import { readRecording, Recording } from '../../record/reader';
 import { parseSpeed, replay } from '../../record/replay';
@@ -13,7 +12,7 @@ import { eventLine } from '../../output/event-line';
 import { DEFAULT_LISTEN, StreamServer } from '../../stream/server';
 import { dashboardHandler } from '../../stream/static';
 import { MAX_SNAPLEN } from '../../events/layout';
-import { addSelectionOptions, parseDuration, readToken, SelectionOptions, servicesFrom } from '../options';
+import { addSelectionOptions, parseDuration, readToken, SelectionOptions, selectionOf, servicesFrom } from '../options';
 import fs from 'node:fs';
 
 function requireFile(path: string): void {
@@ -53,6 +52,7 @@ export function registerEvidence(program: Command): void {
     .option('--force', 'overwrite an existing file')
     .action(async (opts: SelectionOptions & { output: string; duration?: string; maxSize?: string; snaplen: string; force?: boolean }) => {
       const services = await servicesFrom(opts);
+      // Checked here too (the pipeline would refuse) so nothing says "recording" before the refusal.
       if (!services.length) throw new SvctraceError('BAD_INPUT', 'give at least one --service IP:port or --nodeport PORT');
       const durationS = parseDuration(opts.duration);
       let maxBytes: number | undefined;
@@ -64,11 +64,9 @@ export function registerEvidence(program: Command): void {
       const tty = !!process.stderr.isTTY;
       process.stderr.write(`svctrace: recording ${services.map((s) => s.text).join(', ')} to ${opts.output}; Ctrl-C to stop\n`);
       const trailer = await record({
+        ...selectionOf(opts, services),
         path: opts.output,
-        services,
-        netns: opts.netns.length ? opts.netns : [CURRENT_NETNS],
         snaplen: parseSnaplen(opts.snaplen),
-        allPackets: !!opts.allPackets,
         durationS,
         maxBytes,
         overwrite: !!opts.force,

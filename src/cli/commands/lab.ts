@@ -1,7 +1,7 @@
 import { Command } from 'commander';
 import { Lab } from '../../lab/lab';
 import { svcPortName } from '../../lab/kube-rules';
-import { waitForStop } from '../../tracer/session';
+import { waitForStop } from '../../pipeline/lifecycle';
 import { parseDuration } from '../options';
 
 export function registerLab(program: Command): void {

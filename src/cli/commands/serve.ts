@@ -1,16 +1,18 @@
 import fs from 'node:fs';
 import { Command } from 'commander';
 import { SvctraceError } from '../../errors';
-import { waitForStop } from '../../tracer/session';
+import { waitForStop } from '../../pipeline/lifecycle';
 import { DEFAULT_LISTEN, StreamServer } from '../../stream/server';
 import { dashboardHandler } from '../../stream/static';
 import { formatSummary } from '../../output/flow-text';
-import { DiscoveredService, Discovery, findByAddress } from '../../discovery/model';
-import { LiveDiagnoser } from '../../explain/live';
-import { ServiceSpec } from '../../net/ipv4';
-import { serviceLabel } from '../../flows/flow-table';
+import { DiscoveredService, Discovery } from '../../discovery/model';
+import { Pipeline } from '../../pipeline/pipeline';
+import { streamSink } from '../../pipeline/sinks/stream';
+import { liveDiagnoserSink, tracedServicesInRules } from '../../pipeline/sinks/diagnoser';
+import { parseServiceSpec, ServiceSpec } from '../../net/ipv4';
+import { serviceLabel } from '../../flows/service-ids';
 import type { svctrace } from '../../gen/svctrace';
-import { addSelectionOptions, collect, parseDuration, readToken, SelectionOptions, servicesFrom, startTracing } from '../options';
+import { addSelectionOptions, collect, parseDuration, readToken, SelectionOptions, selectionOf, servicesFrom } from '../options';
 
 interface ServeCliOptions extends SelectionOptions {
   listen: string;
@@ -31,23 +33,16 @@ function readFileOpt(path: string, what: string): Buffer {
 }
 
 /** The rules' view of the traced services, for the dashboard's expected distribution; empty when none are found. */
-function rulesFor(services: ServiceSpec[], d: Discovery): { rules: svctrace.v1.IServiceRules[]; found: DiscoveredService[]; masqueradeRule: boolean } {
-  const out: svctrace.v1.IServiceRules[] = [];
-  const found: DiscoveredService[] = [];
-  for (const spec of services) {
-    if (!spec.address) continue;
-    const s = findByAddress(d, spec.address, spec.port, spec.proto);
-    if (!s) continue;
-    found.push(s);
-    out.push({
-      service: serviceLabel(spec),
-      name: s.name,
-      backends: s.endpoints.map((e) => ({ address: `${e.ip}:${e.port}`, probability: e.probability })),
-      affinitySeconds: s.affinitySeconds ?? 0,
-      mode: s.source,
-    });
-  }
-  return { rules: out, found, masqueradeRule: d.masqueradeRule };
+function rulesFor(services: ServiceSpec[], d: Discovery): { rules: svctrace.v1.IServiceRules[]; found: DiscoveredService[] } {
+  const found = tracedServicesInRules(services, d);
+  const rules = found.map((s) => ({
+    service: serviceLabel(parseServiceSpec(`${s.clusterIP}:${s.port}/${s.proto}`)),
+    name: s.name,
+    backends: s.endpoints.map((e) => ({ address: `${e.ip}:${e.port}`, probability: e.probability })),
+    affinitySeconds: s.affinitySeconds ?? 0,
+    mode: s.source,
+  }));
+  return { rules, found };
 }
 
 export function registerServe(program: Command): void {
@@ -66,30 +61,19 @@ export function registerServe(program: Command): void {
       if (!!opts.tlsCert !== !!opts.tlsKey) throw new SvctraceError('BAD_INPUT', 'give both --tls-cert and --tls-key');
       const tls = opts.tlsCert && opts.tlsKey ? { cert: readFileOpt(opts.tlsCert, 'certificate'), key: readFileOpt(opts.tlsKey, 'key') } : undefined;
       let server: StreamServer | undefined;
-      let live: LiveDiagnoser | undefined;
-      const { tracer, discovery, cluster } = await startTracing(opts, services, {
-        onIngested: (items) => {
-          server?.publish(items.map((i) => i.event));
-          live?.observe(items);
-        },
+      const pipeline = await Pipeline.start(selectionOf(opts, services), async (ctx) => {
+        const source = ctx.hubSource();
+        const rules = rulesFor(services, ctx.discovery);
+        source.rules = rules.rules;
+        const s = await StreamServer.start(source, { listen: opts.listen, token, tls, allowOrigins: opts.allowOrigin, staticHandler: dashboardHandler() });
+        server = s;
+        // Classic failures, live: sent to every client as Diagnosis messages.
+        return [liveDiagnoserSink(rules.found, ctx.discovery.masqueradeRule, (ds) => s.hub.broadcastDiagnoses(ds)), streamSink(s)];
       });
-      const source = tracer.hubSource();
-      const rules = rulesFor(services, discovery);
-      source.rules = rules.rules;
-      try {
-        server = await StreamServer.start(source, { listen: opts.listen, token, tls, allowOrigins: opts.allowOrigin, staticHandler: dashboardHandler() });
-      } catch (e) {
-        await tracer.stop();
-        throw e;
-      }
-      // Classic failures, live: sent to every client as Diagnosis messages.
-      live = new LiveDiagnoser(rules.found, (ds) => server?.hub.broadcastDiagnoses(ds), 5000, rules.masqueradeRule);
-      process.stderr.write(`svctrace: tracing ${services.map((s) => s.text).join(', ')}; streaming at ${server.url()} (dashboard: ${server.url().replace(/^ws/, 'http').replace('/v1/events', '/')}; Ctrl-C to stop)\n`);
+      const url = server!.url();
+      process.stderr.write(`svctrace: tracing ${services.map((s) => s.text).join(', ')}; streaming at ${url} (dashboard: ${url.replace(/^ws/, 'http').replace('/v1/events', '/')}; Ctrl-C to stop)\n`);
       await waitForStop(duration);
-      live.stop();
-      await server.close();
-      const { summary, stats } = await tracer.stop();
-      await cluster?.stop();
-      process.stderr.write(formatSummary(summary, stats, (a) => tracer.backendName(a)) + '\n');
+      const { summary, stats } = await pipeline.stop();
+      process.stderr.write(formatSummary(summary, stats, pipeline.backendName) + '\n');
     });
 }

@@ -1,12 +1,13 @@
 import { Command } from 'commander';
-import { FlowTextPrinter, formatSummary } from '../../output/flow-text';
-import { eventToJson } from '../../flows/to-proto';
-import { waitForStop } from '../../tracer/session';
-import { DiscoveredService, findByAddress } from '../../discovery/model';
-import { LiveDiagnoser } from '../../explain/live';
+import { formatSummary } from '../../output/flow-text';
+import { waitForStop } from '../../pipeline/lifecycle';
+import { Pipeline } from '../../pipeline/pipeline';
+import { textTimelineSink } from '../../pipeline/sinks/text';
+import { jsonLinesSink } from '../../pipeline/sinks/json';
+import { liveDiagnoserSink, tracedServicesInRules } from '../../pipeline/sinks/diagnoser';
 import { SvctraceError } from '../../errors';
 import { MAX_SNAPLEN } from '../../events/layout';
-import { addSelectionOptions, parseDuration, SelectionOptions, servicesFrom, startTracing } from '../options';
+import { addSelectionOptions, parseDuration, SelectionOptions, selectionOf, servicesFrom } from '../options';
 
 function useColor(): boolean {
   return !!process.stdout.isTTY && !process.env.NO_COLOR;
@@ -24,31 +25,20 @@ export function registerTrace(program: Command): void {
       const services = await servicesFrom(opts);
       const duration = parseDuration(opts.duration);
       const write = (s: string) => process.stdout.write(s);
-      let printer: FlowTextPrinter | undefined;
-      let live: LiveDiagnoser | undefined;
-      const { tracer, discovery, cluster } = await startTracing(opts, services, {
-        snaplen,
-        onIngested: (items) => {
-          if (opts.output === 'json') {
-            if (items.length) write(items.map((i) => eventToJson(i.event)).join('\n') + '\n');
-          } else {
-            printer?.print(items);
-          }
-          live?.observe(items);
-        },
-      });
-      printer = new FlowTextPrinter(write, useColor(), (a) => tracer.backendName(a));
-      if (opts.output === 'text') {
-        // Classic failures seen live, next to the timelines (needs the rules of the services).
-        const d = discovery;
-        const found = services.map((sv) => (sv.address ? findByAddress(d, sv.address, sv.port, sv.proto) : undefined)).filter((x): x is DiscoveredService => !!x);
-        live = new LiveDiagnoser(found, (ds) => write(ds.map((x) => `[diagnosis] [${x.severity.toUpperCase()}] ${x.code} ${x.service}: ${x.summary}\n`).join('')), 5000, d.masqueradeRule);
-      }
+      const pipeline = await Pipeline.start({ ...selectionOf(opts, services), snaplen }, (ctx) =>
+        opts.output === 'json'
+          ? [jsonLinesSink(write)]
+          : [
+              textTimelineSink(write, useColor(), ctx.backendName),
+              // Classic failures seen live, next to the timelines (needs the rules of the services).
+              liveDiagnoserSink(tracedServicesInRules(services, ctx.discovery), ctx.discovery.masqueradeRule, (ds) =>
+                write(ds.map((x) => `[diagnosis] [${x.severity.toUpperCase()}] ${x.code} ${x.service}: ${x.summary}\n`).join('')),
+              ),
+            ],
+      );
       process.stderr.write(`svctrace: tracing ${services.map((s) => s.text).join(', ')}; Ctrl-C to stop\n`);
       await waitForStop(duration);
-      live?.stop();
-      const { summary, stats } = await tracer.stop();
-      await cluster?.stop();
-      process.stderr.write(formatSummary(summary, stats, (a) => tracer.backendName(a)) + '\n');
+      const { summary, stats } = await pipeline.stop();
+      process.stderr.write(formatSummary(summary, stats, pipeline.backendName) + '\n');
     });
 }

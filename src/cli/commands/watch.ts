@@ -3,7 +3,7 @@ import { SvctraceError } from '../../errors';
 import { connect } from '../../client/node';
 import { eventToJson } from '../../flows/to-proto';
 import { DEFAULT_LISTEN, EVENTS_PATH } from '../../stream/server';
-import { waitForStop } from '../../tracer/session';
+import { waitForStop } from '../../pipeline/lifecycle';
 import { eventLine } from '../../output/event-line';
 import { collect, parseDuration, readToken } from '../options';
 

@@ -5,17 +5,16 @@
  * packets meet (iptables-nft rules are nftables rules too). Priority -150:
  * after conntrack (-200, so `ct state new` is known), before NAT (-100).
  */
-import { execFileSync } from 'node:child_process';
 import { ServiceSpec } from '../net/ipv4';
-import { CURRENT_NETNS } from './netns';
+import { runInNetnsSync } from '../netns/netns';
 
 export function markerTableName(): string {
   return `svctrace_${process.pid}`;
 }
 
+/** Synchronous: removal also runs on process exit. */
 function nft(netnsPath: string, args: string[], input?: string): void {
-  const argv = netnsPath === CURRENT_NETNS ? ['nft', ...args] : ['nsenter', `--net=${netnsPath}`, '--', 'nft', ...args];
-  execFileSync(argv[0]!, argv.slice(1), { input, stdio: ['pipe', 'ignore', 'pipe'], timeout: 10_000 });
+  runInNetnsSync(netnsPath, ['nft', ...args], { input });
 }
 
 export function markerScript(table: string, services: ServiceSpec[]): string {

@@ -1,0 +1,96 @@
+/** The flow model's types: a flow (one conntrack entry), its timeline, and what ingesting an event yields. */
+import { svctrace } from '../gen/svctrace';
+import type { Tuple } from '../events/decode';
+import type { ServiceSpec } from '../net/ipv4';
+
+import pb = svctrace.v1;
+
+export interface TimelineEntry {
+  tsNs: bigint;
+  stage: pb.Stage;
+  summary: string;
+  /** First occurrence of this milestone in the flow (what text output prints). */
+  milestone: boolean;
+  /** Conntrack's TCP state moved with this packet. */
+  stateChange?: boolean;
+  /** Overrides the stage's label in text output. */
+  label?: string;
+}
+
+export interface Flow {
+  id: number;
+  key: string;
+  /** Key in the (namespace, original tuple) index, for conntrack DESTROY messages. */
+  tupleIndexKey: string;
+  service: string;
+  serviceId: number;
+  proto: number;
+  /** Original tuple: client -> service address. */
+  orig: Tuple;
+  /** Reply tuple: backend -> what the backend sees. */
+  reply: Tuple;
+  ctId: string;
+  nodeNetnsIno: number;
+  backendNetns?: string;
+  status: number;
+  tcpState: number;
+  dnat: boolean;
+  masqueraded: boolean;
+  /** Counted in the kernel (svt_flow_state), per direction [original, reply]; from flow-stats records. */
+  packets: [number, number];
+  bytes: [number, number];
+  /** Packets of the flow the kernel dropped (counted in the kernel, every retry included). */
+  kernelDrops: number;
+  /** The counters are the flow's last (it ended: closed, address reused, or expired). */
+  countersFinal: boolean;
+  firstTsNs: bigint;
+  lastTsNs: bigint;
+  closed: boolean;
+  closedTsNs?: bigint;
+  drops: string[];
+  reset: boolean;
+  icmpErrors: string[];
+  /** The kube-proxy chains the first packet went through (nftables trace), when observed. */
+  rulePath: string[];
+  timeline: TimelineEntry[];
+  /** Milestones already reported, e.g. 'dnat', 'dev:0:veth2:123'. */
+  seen: Set<string>;
+}
+
+/** One event as the flow table hands it on: its flow, the wire event, and its timeline entry. */
+export interface Ingested {
+  flow: Flow;
+  event: pb.IEvent;
+  entry: TimelineEntry;
+}
+
+export interface FlowTableOptions {
+  services: ServiceSpec[];
+  dropReasons?: Record<string, string>;
+  netnsName?: (inode: number) => string | undefined;
+  /** How long a closed flow stays before it is expired (default 5 s). */
+  closeGraceMs?: number;
+  /** Flows with no event for this long are expired (default 10 min). */
+  idleMs?: number;
+  /** At most this many flows are kept; the oldest go first (default 20k). */
+  maxFlows?: number;
+  /** Milestones kept per flow (default 64); counters keep counting. */
+  maxTimeline?: number;
+}
+
+export interface FlowSummary {
+  flows: number;
+  closed: number;
+  perBackend: Record<string, number>;
+  dropsByReason: Record<string, number>;
+  resets: number;
+  /** Flows removed from the table to stay under maxFlows (their later events start new flows). */
+  evicted: number;
+}
+
+/** What readers of a flow table (sinks, the stream, explain) may do with it. */
+export interface FlowTableView {
+  readonly size: number;
+  flows(): Flow[];
+  summary(): FlowSummary;
+}

@@ -1,0 +1,276 @@
+/**
+ * The one owner of a trace: kernel source (Tracer) -> flow model
+ * (FlowTable) -> sinks. Every tracing command (trace, serve, record, demo,
+ * explain --watch) composes it the same way:
+ *
+ *   const p = await Pipeline.start(selection, (ctx) => [sinks...]);
+ *   await waitForStop(...);
+ *   const { summary, stats } = await p.stop();
+ *
+ * start: the node's kube-proxy rules (discovery) and the optional Kubernetes
+ * API first, the BPF programs loaded, then the sinks are made (they may need
+ * the rules, the API, or the stream's view of the flows), and only then are
+ * the hooks attached and events delivered. stop: the kernel source stops,
+ * in-flight batches land, the sinks close in order, the API watch stops.
+ */
+import { SvctraceError } from '../errors';
+import { loadBinding } from '../native/binding';
+import { discover } from '../discovery/discover';
+import type { Discovery } from '../discovery/model';
+import { Cluster } from '../k8s/cluster';
+import { podUidsByNetns } from '../k8s/pod-netns';
+import { CURRENT_NETNS, NETNS_RUN_DIR, resolveNetns } from '../netns/netns';
+import type { ServiceSpec } from '../net/ipv4';
+import type { DecodedBatch } from '../events/decode';
+import { FlowTable } from '../flows/flow-table';
+import { NetnsNames } from '../flows/netns-names';
+import { flowToProto } from '../flows/to-proto';
+import { serviceLabel } from '../flows/service-ids';
+import type { Flow, FlowSummary, FlowTableView, Ingested } from '../flows/types';
+import type { HubSource } from '../stream/hub';
+import type { svctrace } from '../gen/svctrace';
+import { Tracer, TracerStats } from '../tracer/tracer';
+import { kernelLosses, StageLosses, totalLost } from '../tracer/losses';
+import { monoNowNs } from '../clock';
+import { ApiNames } from './api-names';
+import { RulePaths } from './rule-paths';
+import { Sink, SinkSet } from './sink';
+
+export interface PipelineOptions {
+  /** The services to trace (at least one); an event's service id is its index here plus one (flows/service-ids). */
+  services: ServiceSpec[];
+  /** Namespaces (names or paths) to attach in; default: svctrace's own. The first is the node's: its rules are discovered. */
+  netns?: string[];
+  /** Kubeconfig for naming services and pods; undefined: $KUBECONFIG, ~/.kube/config or in-cluster, if any; false: never ask an API (the lab has none). */
+  kubeconfig?: string | false;
+  /** Every packet at every hook instead of the transitions. */
+  allPackets?: boolean;
+  /** Packet bytes to capture per event (0 = off, the default). */
+  snaplen?: number;
+  /** Size of the kernel ring buffer in bytes (a power of two; default 64 MiB): the one buffer while user space is behind. */
+  ringBufferBytes?: number;
+  /** How often an active flow's counters are reported (default 1000 ms). */
+  statsIntervalMs?: number;
+  /** Show the kube-proxy rule path of each new connection (default true; nftables tracing needs nft). */
+  ruleTrace?: boolean;
+  /** How long a closed flow stays in the table (default 5 s). */
+  closeGraceMs?: number;
+  /** At most this many flows are kept (default 20k). */
+  maxFlows?: number;
+  /** Things the user should know that do not stop the trace (no nft, API unreachable, a failing output). */
+  onWarning?: (message: string) => void;
+  /** The node's kube-proxy rules, when the caller already discovered them. */
+  discovery?: Discovery;
+}
+
+/** What sinks are made from. */
+export interface SinkContext {
+  readonly services: readonly ServiceSpec[];
+  /** The attached namespaces' paths (the node's first). */
+  readonly netns: readonly string[];
+  /** The node's kube-proxy rules. */
+  readonly discovery: Discovery;
+  /** The Kubernetes API, when one answered. */
+  readonly cluster: Cluster | null;
+  /** The flow table, read-only. */
+  readonly flows: FlowTableView;
+  /** The pod namespace a backend address was seen in, if any. */
+  backendName(addr: string): string | undefined;
+  /** The streaming hub's view of this trace (flow updates are tracked from the first call on). */
+  hubSource(): HubSource;
+  /** The kernel source's counters (the last ones once it stopped). */
+  stats(): TracerStats;
+  /** Events lost so far, per stage. */
+  losses(): Partial<StageLosses>;
+}
+
+export type MakeSinks = (ctx: SinkContext) => Sink[] | Promise<Sink[]>;
+
+export interface PipelineResult {
+  summary: FlowSummary;
+  stats: TracerStats;
+}
+
+const EXPIRE_EVERY_MS = 1000;
+/** At stop, everything the kernel produced so far reaches the sinks first, within this bound (a stalled sink must not keep the process alive). */
+const DRAIN_MS = 2000;
+/** Kernel flow state with no packet for this long is expired (its end was never reported), checked this often. */
+const FLOW_STATE_IDLE_MS = 30 * 60_000;
+const FLOW_STATE_SWEEP_MS = 30_000;
+
+export class Pipeline {
+  private sinks = new SinkSet([], () => undefined);
+  private rulePaths: RulePaths | undefined;
+  private expiryTimer: NodeJS.Timeout | undefined;
+  private sweepTimer: NodeJS.Timeout | undefined;
+  /** False once the kernel source stopped: nothing reaches the sinks after that. */
+  private delivering = true;
+  private stopped: Promise<PipelineResult> | undefined;
+  /** Backend address -> the pod namespace it was seen in (outlives expired flows). */
+  private readonly backendNetns = new Map<string, string>();
+  /** Flows changed since the stream last took them; only kept once a hub asked. */
+  private changed: Map<number, Flow> | undefined;
+  private readonly apiNames: ApiNames | undefined;
+
+  private constructor(
+    private readonly tracer: Tracer,
+    private readonly table: FlowTable,
+    private readonly names: NetnsNames,
+    readonly services: readonly ServiceSpec[],
+    readonly netns: readonly string[],
+    readonly discovery: Discovery,
+    readonly cluster: Cluster | null,
+    private readonly onWarning: (message: string) => void,
+  ) {
+    this.apiNames = cluster ? new ApiNames(cluster) : undefined;
+  }
+
+  static async start(opts: PipelineOptions, makeSinks: MakeSinks = () => []): Promise<Pipeline> {
+    if (opts.services.length === 0) throw new SvctraceError('BAD_INPUT', 'give at least one --service IP:port or --nodeport PORT');
+    const warn = opts.onWarning ?? (() => undefined);
+    const netns = (opts.netns?.length ? opts.netns : [CURRENT_NETNS]).map(resolveNetns);
+    const discovery = opts.discovery ?? (await discover(netns[0]));
+    const cluster = opts.kubeconfig === false ? null : await Cluster.start({ kubeconfig: opts.kubeconfig, onWarning: warn });
+    let tracer: Tracer | undefined;
+    let p: Pipeline | undefined;
+    try {
+      // Loading first: permission and verifier errors come before any output starts.
+      tracer = Tracer.open({ snaplen: opts.snaplen, allPackets: opts.allPackets, ringBufferBytes: opts.ringBufferBytes, statsIntervalMs: opts.statsIntervalMs });
+      tracer.setServices(opts.services);
+      const names = new NetnsNames();
+      if (cluster) {
+        // On a node: a pod's namespace is named after the pod, via its cgroup's pod UID.
+        names.fallback = (ino) => {
+          const uid = podUidsByNetns().get(ino);
+          const pod = uid ? cluster.podByUid(uid) : undefined;
+          return pod ? `pod ${pod}` : undefined;
+        };
+      }
+      const table = new FlowTable({
+        services: opts.services,
+        dropReasons: loadBinding().dropReasons(),
+        netnsName: (ino) => names.name(ino),
+        closeGraceMs: opts.closeGraceMs,
+        maxFlows: opts.maxFlows,
+      });
+      p = new Pipeline(tracer, table, names, opts.services, netns, discovery, cluster, warn);
+      p.sinks = new SinkSet(await makeSinks(p.context()), warn);
+      p.rulePaths = RulePaths.plan({ enabled: opts.ruleTrace !== false, discovery, table });
+      p.deliverFromKernel();
+      p.expiryTimer = setInterval(() => p!.expireNow(), EXPIRE_EVERY_MS);
+      p.expiryTimer.unref();
+      const t = tracer;
+      p.sweepTimer = setInterval(() => t.expireIdleFlows(FLOW_STATE_IDLE_MS), FLOW_STATE_SWEEP_MS);
+      p.sweepTimer.unref();
+      return p;
+    } catch (e) {
+      if (p) await p.stop().catch(() => undefined);
+      else {
+        tracer?.close();
+        await cluster?.stop();
+      }
+      throw e;
+    }
+  }
+
+  /** Attaches in every namespace and starts the events flowing, then the rule-path observers. */
+  private deliverFromKernel(): void {
+    for (const ns of this.netns) {
+      const a = this.tracer.attachNetns(ns);
+      this.names.remember(a.netnsIno, a.path.startsWith(`${NETNS_RUN_DIR}/`) ? a.path.slice(NETNS_RUN_DIR.length + 1) : a.path);
+    }
+    this.tracer.start((batch) => this.onKernelBatch(batch));
+    this.rulePaths!.observe(this.tracer, this.tracer.attached, [...this.services], (items) => this.deliver(items), this.onWarning);
+  }
+
+  private onKernelBatch(batch: DecodedBatch): void {
+    if (!this.delivering) return;
+    const items = this.table.ingest(batch.events, batch.stats);
+    items.push(...this.rulePaths!.inferred(items));
+    this.deliver(items);
+  }
+
+  private deliver(items: Ingested[]): void {
+    if (!this.delivering || !items.length) return;
+    for (const { flow, event } of items) {
+      if (flow.backendNetns && flow.dnat) this.backendNetns.set(flow.reply.saddr, flow.backendNetns);
+      this.changed?.set(flow.id, flow);
+      this.apiNames?.name(flow, event);
+    }
+    this.sinks.write(items);
+  }
+
+  private context(): SinkContext {
+    return {
+      services: this.services,
+      netns: this.netns,
+      discovery: this.discovery,
+      cluster: this.cluster,
+      flows: this.flows,
+      backendName: this.backendName,
+      hubSource: () => this.hubSource(),
+      stats: () => this.stats(),
+      losses: () => this.losses(),
+    };
+  }
+
+  /** The flow table, read-only. */
+  get flows(): FlowTableView {
+    return this.table;
+  }
+
+  /** The pod namespace a backend address was seen in, if any. */
+  readonly backendName = (addr: string): string | undefined => this.backendNetns.get(addr);
+
+  /** The streaming server's view of this trace. */
+  hubSource(): HubSource {
+    const changed = (this.changed ??= new Map());
+    return {
+      services: this.services.map(serviceLabel),
+      kernelLost: () => totalLost(this.losses()),
+      lostByStage: () => this.losses(),
+      activeFlows: () => this.table.size,
+      dropsByReason: () => this.table.summary().dropsByReason,
+      takeChangedFlows: () => {
+        const out: svctrace.v1.IFlow[] = [...changed.values()].map(flowToProto);
+        changed.clear();
+        return out;
+      },
+    };
+  }
+
+  /** Expires flows closed past the grace period or idle, and tells the sinks. */
+  expireNow(): Flow[] {
+    const gone = this.table.expire(monoNowNs());
+    if (gone.length) this.sinks.expired(gone);
+    return gone;
+  }
+
+  stats(): TracerStats {
+    return this.tracer.stats();
+  }
+
+  /** Events lost so far, per stage: the kernel's and the addon's counters, and the flow table's evictions. */
+  losses(): Partial<StageLosses> {
+    return { ...kernelLosses(this.stats()), flow_table: this.table.summary().evicted };
+  }
+
+  /** Stops the kernel source, lets in-flight batches land, closes the sinks in order. Idempotent. */
+  stop(): Promise<PipelineResult> {
+    this.stopped ??= this.stopNow();
+    return this.stopped;
+  }
+
+  private async stopNow(): Promise<PipelineResult> {
+    clearInterval(this.expiryTimer);
+    clearInterval(this.sweepTimer);
+    this.rulePaths?.stop();
+    await this.tracer.drain(DRAIN_MS);
+    this.tracer.close();
+    this.delivering = false;
+    const stats = this.tracer.stats();
+    await this.sinks.close();
+    await this.cluster?.stop();
+    return { summary: this.table.summary(), stats };
+  }
+}

@@ -1,0 +1,66 @@
+/**
+ * Where ingested events go: a sink per output (text timeline, JSON lines,
+ * stream hub, recording, live diagnoser). Sinks are isolated from each
+ * other: one that throws is reported and the others still get every batch.
+ */
+import type { Flow, Ingested } from '../flows/types';
+
+export interface Sink {
+  /** Names the sink in warnings ("text", "stream", ...). */
+  readonly name: string;
+  /** A batch of ingested events, in kernel order; must not block. */
+  write(items: Ingested[]): void;
+  /** Flows the table just expired (closed past the grace period, idle, or evicted by the cap). */
+  expired?(flows: Flow[]): void;
+  /** The trace ended: every event was written; flush and release. */
+  close?(): void | Promise<void>;
+}
+
+/** A pipeline's sinks, called in order, each in isolation. */
+export class SinkSet {
+  private readonly failures = new Map<Sink, number>();
+
+  constructor(
+    private readonly sinks: readonly Sink[],
+    private readonly onWarning: (message: string) => void,
+  ) {}
+
+  write(items: Ingested[]): void {
+    for (const s of this.sinks) {
+      try {
+        s.write(items);
+      } catch (e) {
+        this.failed(s, 'write', e);
+      }
+    }
+  }
+
+  expired(flows: Flow[]): void {
+    for (const s of this.sinks) {
+      try {
+        s.expired?.(flows);
+      } catch (e) {
+        this.failed(s, 'expired', e);
+      }
+    }
+  }
+
+  /** Closes every sink in order; a failing close does not skip the next. */
+  async close(): Promise<void> {
+    for (const s of this.sinks) {
+      try {
+        await s.close?.();
+      } catch (e) {
+        this.failed(s, 'close', e);
+      }
+    }
+    for (const [s, n] of this.failures) if (n > 1) this.onWarning(`${s.name} output failed ${n} times in all`);
+  }
+
+  /** The first failure of a sink is reported; later ones are counted (a sink failing per batch would flood stderr). */
+  private failed(s: Sink, during: string, e: unknown): void {
+    const n = (this.failures.get(s) ?? 0) + 1;
+    this.failures.set(s, n);
+    if (n === 1) this.onWarning(`${s.name} output failed (${during}): ${e instanceof Error ? e.message : String(e)}; the other outputs go on`);
+  }
+}

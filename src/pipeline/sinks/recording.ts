@@ -1,0 +1,87 @@
+/**
+ * The recording's events (`record`): events appended as EVENTS chunks,
+ * flushed every 500 ms or 1 MiB (each chunk one write, so a crash loses at
+ * most the last half second); on close, the last chunk and the trailer with
+ * the counters, and the file is closed.
+ */
+import protobuf from 'protobufjs/minimal';
+import { svctrace } from '../../gen/svctrace';
+import { longFromBigint } from '../../flows/to-proto';
+import { ChunkType, ChunkWriter } from '../../record/format';
+import type { Ingested } from '../../flows/types';
+import type { Sink } from '../sink';
+
+import pb = svctrace.v1;
+
+const FLUSH_BYTES = 1024 * 1024;
+const FLUSH_MS = 500;
+
+/** The trailer's fields the recorder knows, not the sink: counters from the trace and why it ended. */
+export type TrailerCounters = Pick<pb.IRecordingTrailer, 'flows' | 'kernelLost' | 'lostByStage' | 'dropsByReason' | 'reason'>;
+
+export class RecordingSink implements Sink {
+  readonly name = 'recording';
+  events = 0;
+  /** The trailer written at close. */
+  trailer: pb.IRecordingTrailer | undefined;
+  private pending = protobuf.Writer.create();
+  private pendingBytes = 0;
+  private full = false;
+  private readonly flushTimer: NodeJS.Timeout;
+
+  constructor(
+    private readonly writer: ChunkWriter,
+    private readonly opts: {
+      /** Stop recording events once the file reaches this size. */
+      maxBytes?: number;
+      /** Told once when maxBytes is reached. */
+      onFull?: () => void;
+      /** The trailer's counters, asked for at close (after the last event). */
+      trailer: () => TrailerCounters;
+    },
+  ) {
+    this.flushTimer = setInterval(() => this.flush(), FLUSH_MS);
+    this.flushTimer.unref();
+  }
+
+  /** Bytes written so far, including what is waiting to be flushed. */
+  get bytes(): number {
+    return this.writer.bytes + this.pendingBytes;
+  }
+
+  write(items: Ingested[]): void {
+    if (this.full) return;
+    for (const { event } of items) {
+      const bytes = pb.Event.encode(event).finish();
+      this.pending.bytes(bytes); // length-delimited
+      this.pendingBytes += bytes.length + 5;
+      this.events++;
+    }
+    if (this.pendingBytes >= FLUSH_BYTES) this.flush();
+  }
+
+  private flush(): void {
+    if (!this.pendingBytes) return;
+    this.writer.write(ChunkType.EVENTS, this.pending.finish());
+    this.pending = protobuf.Writer.create();
+    this.pendingBytes = 0;
+    if (this.opts.maxBytes && this.writer.bytes >= this.opts.maxBytes && !this.full) {
+      this.full = true;
+      this.opts.onFull?.();
+    }
+  }
+
+  close(): void {
+    clearInterval(this.flushTimer);
+    this.flush();
+    this.trailer = {
+      ...this.opts.trailer(),
+      events: this.events,
+      endedAt: new Date().toISOString(),
+      endedMonoNs: longFromBigint(process.hrtime.bigint()),
+    };
+    this.writer.write(ChunkType.TRAILER, pb.RecordingTrailer.encode(this.trailer).finish());
+    this.writer.close();
+  }
+}
+

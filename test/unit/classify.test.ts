@@ -1,0 +1,119 @@
+import { describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { classifyEvent, rulePathOf, tcpStateChangeNote } from '../../src/flows/classify';
+import type { Flow } from '../../src/flows/types';
+import type { KernelEvent, RuleTrace, Tuple } from '../../src/events/decode';
+import { Dir, EventKind, NfStage } from '../../src/events/layout';
+import { IPS_CONFIRMED, IPS_DST_NAT, IPS_SRC_NAT } from '../../src/events/conntrack';
+import { svctrace } from '../../src/gen/svctrace';
+
+import S = svctrace.v1.Stage;
+
+const orig: Tuple = { saddr: '10.244.1.1', daddr: '10.96.0.100', sport: 40000, dport: 80, proto: 6 };
+const reply: Tuple = { saddr: '10.244.1.12', daddr: '10.244.1.1', sport: 8080, dport: 40000, proto: 6 };
+
+function ev(over: Partial<KernelEvent>): KernelEvent {
+  return {
+    kind: EventKind.NF, cpu: 0, tsNs: 1000n, ctId: 'ffff1', skbId: 'a', pkt: orig, ctOrig: orig, ctReply: reply,
+    ctStatus: 0, ctMark: 0, ctTimeoutMs: 0, netnsIno: 111, ifindex: 2, nfPriority: -101, reason: 0, pktLen: 60,
+    ctZone: 0, nfHook: 3, ctinfo: 2, tcpFlags: 2, ctTcpState: 1, nfStage: NfStage.BEFORE_NAT, dir: Dir.ORIGINAL,
+    serviceId: 1, gateway: '', ifname: 'cni0', linkKind: 'bridge', icmpType: 0, icmpCode: 0, ...over,
+  };
+}
+
+function flow(over: Partial<Flow> = {}): Flow {
+  return {
+    id: 1, key: 'ct:ffff1', tupleIndexKey: '', service: '10.96.0.100:80/tcp', serviceId: 1, proto: 6, orig, reply, ctId: 'ffff1',
+    nodeNetnsIno: 111, status: 0, tcpState: 0, dnat: false, masqueraded: false, packets: [0, 0], bytes: [0, 0], kernelDrops: 0, countersFinal: false, firstTsNs: 0n, lastTsNs: 0n,
+    closed: false, drops: [], reset: false, icmpErrors: [], rulePath: [], timeline: [], seen: new Set(), ...over,
+  };
+}
+
+const ctx = { dropReasonName: (r: number) => ({ 2: 'NO_SOCKET', 12: 'NETFILTER_DROP', 3: 'TCP_CLOSE' })[r] ?? `reason ${r}`, netnsName: (ino: number) => (ino === 222 ? 'pod-a' : undefined) };
+
+describe('classifyEvent (pure)', () => {
+  it('a new connection matches its service; the milestone is reported once, and the flow is not written', () => {
+    const f = flow();
+    const c = classifyEvent(f, ev({}), ctx);
+    assert.equal(c.stage, S.STAGE_MATCH);
+    assert.match(c.summary, /^matches 10\.96\.0\.100:80\/tcp @ LOCAL_OUT -101: 10\.244\.1\.1:40000 -> 10\.96\.0\.100:80, conntrack NEW$/);
+    assert.equal(c.milestone, true);
+    assert.equal(c.seenKey, 'match');
+    assert.equal(f.seen.size, 0, 'classification does not touch the flow');
+    assert.equal(classifyEvent(flow({ seen: new Set(['match']) }), ev({}), ctx).milestone, false);
+  });
+
+  it('DNAT, no DNAT, SNAT and the reply un-DNAT', () => {
+    const after = { nfStage: NfStage.AFTER_NAT, nfPriority: -99 };
+    const dnat = classifyEvent(flow(), ev({ ...after, ctStatus: IPS_DST_NAT }), ctx);
+    assert.equal(dnat.stage, S.STAGE_DNAT);
+    assert.match(dnat.summary, /DNAT .*10\.96\.0\.100:80 -> backend 10\.244\.1\.12:8080/);
+    assert.equal(dnat.seenKey, 'dnat');
+    const none = classifyEvent(flow(), ev({ ...after }), ctx);
+    assert.match(none.summary, /NOT DNATed/);
+    assert.equal(none.seenKey, 'no-dnat');
+    const snat = classifyEvent(flow(), ev({ nfHook: 4, nfStage: NfStage.AFTER_NAT, nfPriority: 100, ctStatus: IPS_DST_NAT | IPS_SRC_NAT | IPS_CONFIRMED }), ctx);
+    assert.equal(snat.stage, S.STAGE_SNAT);
+    assert.match(snat.summary, /MASQUERADE\/SNAT/);
+    const back = classifyEvent(flow(), ev({ dir: Dir.REPLY, nfHook: 1, ...after, pkt: { saddr: '10.96.0.100', daddr: '10.244.1.1', sport: 80, dport: 40000, proto: 6 } }), ctx);
+    assert.equal(back.stage, S.STAGE_REPLY);
+    assert.match(back.summary, /reply un-DNAT/);
+  });
+
+  it('a device crossing in a pod namespace names the backend namespace as an effect', () => {
+    const c = classifyEvent(flow(), ev({ kind: EventKind.DEV_RECV, netnsIno: 222, ifname: 'eth0', linkKind: 'veth' }), ctx);
+    assert.equal(c.stage, S.STAGE_DEVICE);
+    assert.match(c.summary, /^recv eth0 \(veth\) in pod-a: /);
+    assert.deepEqual(c.effects, { backendNetns: 'pod-a' });
+    assert.equal(c.seenKey, 'dev:0:recv:eth0:222');
+  });
+
+  it('drops: failures are effects and milestones; benign frees are neither', () => {
+    const d = classifyEvent(flow(), ev({ kind: EventKind.DROP, reason: 12 }), ctx);
+    assert.deepEqual(d.effects, { drop: 'NETFILTER_DROP' });
+    assert.equal(d.milestone, true);
+    const benign = classifyEvent(flow(), ev({ kind: EventKind.DROP, reason: 3 }), ctx);
+    assert.deepEqual(benign.effects, {});
+    assert.equal(benign.milestone, false);
+    assert.match(benign.summary, /^freed \(TCP_CLOSE\)/);
+  });
+
+  it('RST, ICMP errors and the conntrack destroy are first-time milestones with their effects', () => {
+    const rst = classifyEvent(flow(), ev({ dir: Dir.REPLY, tcpFlags: 0x14 }), ctx);
+    assert.equal(rst.stage, S.STAGE_DROP);
+    assert.deepEqual(rst.effects, { reset: true });
+    assert.equal(rst.milestone, true);
+    assert.equal(classifyEvent(flow({ reset: true }), ev({ tcpFlags: 0x04 }), ctx).milestone, false);
+    const icmp = classifyEvent(flow(), ev({ pkt: { ...orig, proto: 1 }, icmpType: 3, icmpCode: 3 }), ctx);
+    assert.deepEqual(icmp.effects, { icmpError: 'port unreachable' });
+    const again = classifyEvent(flow({ seen: new Set(['icmp:3']) }), ev({ pkt: { ...orig, proto: 1 }, icmpType: 3, icmpCode: 3 }), ctx);
+    assert.deepEqual(again.effects, {});
+    const destroy = classifyEvent(flow(), ev({ kind: EventKind.CT_DESTROY, ctTcpState: 7 }), ctx);
+    assert.equal(destroy.stage, S.STAGE_CLOSE);
+    assert.deepEqual(destroy.effects, { closed: true });
+    assert.equal(classifyEvent(flow({ closed: true }), ev({ kind: EventKind.CT_DESTROY }), ctx).milestone, false);
+  });
+
+  it('notes a TCP state change only when conntrack had a state before', () => {
+    assert.equal(tcpStateChangeNote(ev({}), 0, 1), undefined);
+    assert.equal(tcpStateChangeNote(ev({}), 1, 1), undefined);
+    assert.match(tcpStateChangeNote(ev({}), 1, 3)!, /^ \(conntrack TCP \S+ -> \S+\)$/);
+    assert.equal(tcpStateChangeNote(ev({ kind: EventKind.DROP }), 1, 3), undefined);
+  });
+});
+
+describe('rulePathOf (pure)', () => {
+  const t = (table: string, chain: string): RuleTrace => ({ traceId: 1, tsNs: 1n, netnsIno: 111, table, chain, pkt: orig }) as unknown as RuleTrace;
+
+  it('keeps the NAT chains from the base chain to the DNATing one, without our marking table', () => {
+    const r = rulePathOf([t('svctrace_1', 'output'), t('filter', 'KUBE-FIREWALL'), t('nat', 'OUTPUT'), t('nat', 'KUBE-SERVICES'), t('nat', 'KUBE-SVC-X'), t('nat', 'KUBE-MARK-MASQ'), t('nat', 'KUBE-SEP-Y'), t('nat', 'KUBE-POSTROUTING')]);
+    assert.ok(r);
+    assert.deepEqual(r.path, ['OUTPUT', 'KUBE-SERVICES', 'KUBE-SVC-X', 'KUBE-SEP-Y']);
+    assert.equal(r.masquerade, true);
+    assert.match(r.summary, /observed, nftables trace, table nat\): OUTPUT -> KUBE-SERVICES -> KUBE-SVC-X -> KUBE-SEP-Y \(marked for masquerade\)$/);
+  });
+
+  it('nothing kube-proxy related: no path', () => {
+    assert.equal(rulePathOf([t('svctrace_1', 'output'), t('filter', 'INPUT')]), undefined);
+  });
+});

@@ -1,0 +1,78 @@
+import { describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { SinkSet, Sink } from '../../src/pipeline/sink';
+import { waitForStop } from '../../src/pipeline/lifecycle';
+import { serviceById, serviceIdsOf, serviceLabel, serviceLabelById } from '../../src/flows/service-ids';
+import { argvInNetns, CURRENT_NETNS } from '../../src/netns/netns';
+import { parseNodePortSpec, parseServiceSpec } from '../../src/net/ipv4';
+import type { Flow, Ingested } from '../../src/flows/types';
+
+describe('SinkSet', () => {
+  it('a throwing sink is reported once and never stops the others', async () => {
+    const warnings: string[] = [];
+    const got: string[] = [];
+    const broken: Sink = {
+      name: 'broken',
+      write: () => {
+        throw new Error('disk full');
+      },
+      expired: () => {
+        throw new Error('nope');
+      },
+      close: () => {
+        throw new Error('cannot close');
+      },
+    };
+    const good: Sink = { name: 'good', write: (items) => got.push(`write ${items.length}`), expired: (f) => got.push(`expired ${f.length}`), close: async () => void got.push('close') };
+    const set = new SinkSet([broken, good], (w) => warnings.push(w));
+    set.write([{} as Ingested]);
+    set.write([{} as Ingested, {} as Ingested]);
+    set.expired([{} as Flow]);
+    await set.close();
+    assert.deepEqual(got, ['write 1', 'write 2', 'expired 1', 'close']);
+    assert.equal(warnings.length, 2, warnings.join('\n'));
+    assert.match(warnings[0]!, /^broken output failed \(write\): disk full; the other outputs go on$/);
+    assert.match(warnings[1]!, /^broken output failed 4 times in all$/);
+  });
+
+  it('closes sinks in order, awaiting each', async () => {
+    const order: string[] = [];
+    const slow: Sink = { name: 'a', write: () => undefined, close: () => new Promise<void>((r) => setTimeout(() => (order.push('a'), r()), 20)) };
+    const fast: Sink = { name: 'b', write: () => undefined, close: () => void order.push('b') };
+    await new SinkSet([slow, fast], () => undefined).close();
+    assert.deepEqual(order, ['a', 'b']);
+  });
+});
+
+describe('service ids', () => {
+  it('are 1-based indices in the traced list, labelled one way', () => {
+    const list = [parseServiceSpec('10.96.0.100:80'), parseNodePortSpec('30080/udp')];
+    assert.deepEqual(serviceIdsOf(list).map((x) => x.id), [1, 2]);
+    assert.equal(serviceById(list, 2), list[1]);
+    assert.equal(serviceById(list, 0), undefined);
+    assert.equal(serviceLabel(list[0]!), '10.96.0.100:80/tcp');
+    assert.equal(serviceLabelById(list, 2), '*:30080/udp');
+    assert.equal(serviceLabelById(list, 7), 'service#7');
+  });
+});
+
+describe('entering a namespace', () => {
+  it('one argv for every command: nsenter by path, nothing for our own namespace', () => {
+    assert.deepEqual(argvInNetns('lab-node', ['nft', 'list', 'ruleset']), ['nsenter', '--net=/run/netns/lab-node', '--', 'nft', 'list', 'ruleset']);
+    assert.deepEqual(argvInNetns('/proc/42/ns/net', ['ip', 'route']), ['nsenter', '--net=/proc/42/ns/net', '--', 'ip', 'route']);
+    assert.deepEqual(argvInNetns(CURRENT_NETNS, ['ip', 'route']), ['ip', 'route']);
+  });
+});
+
+describe('waitForStop', () => {
+  it('stops on SIGHUP (a closed terminal) like SIGINT/SIGTERM, and removes its handlers', async () => {
+    const before = process.listenerCount('SIGHUP');
+    const intBefore = process.listenerCount('SIGINT');
+    const stopped = waitForStop(30);
+    assert.equal(process.listenerCount('SIGHUP'), before + 1);
+    process.emit('SIGHUP', 'SIGHUP');
+    assert.equal(await stopped, 'signal');
+    assert.equal(process.listenerCount('SIGHUP'), before);
+    assert.equal(process.listenerCount('SIGINT'), intBefore);
+  });
+});
