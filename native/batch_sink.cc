@@ -9,11 +9,13 @@ namespace {
 // has waited kFlushAfter: events reach JS within a few ms, batches stay large.
 constexpr size_t kFlushBytes = 256 * 1024;
 constexpr auto kFlushAfter = std::chrono::milliseconds(5);
-// Batches handed to JS and not yet returned. With the pending one, at most
-// (kMaxInFlight + 1) x kMaxPendingBytes of records live in the addon.
-constexpr uint32_t kMaxInFlight = 8;
+// Batches handed to JS and not yet returned: the one JS is working on and
+// the next. With the pending one, at most (kMaxInFlight + 1) x
+// kMaxPendingBytes of records live in the addon; as soon as JS is behind,
+// records stay in the kernel's buffer.
+constexpr uint32_t kMaxInFlight = 2;
 // The pending batch stops growing here: the producer stops reading.
-constexpr size_t kMaxPendingBytes = 1024 * 1024;
+constexpr size_t kMaxPendingBytes = kFlushBytes;
 }  // namespace
 
 void InFlight::Done() {

@@ -58,6 +58,7 @@ Napi::Function Tracer::Init(Napi::Env env) {
                          InstanceMethod("benchEmit", &Tracer::BenchEmit),
                          InstanceMethod("traceRules", &Tracer::TraceRules),
                          InstanceMethod("expireFlowState", &Tracer::ExpireFlowState),
+                         InstanceMethod("snapshotFlowState", &Tracer::SnapshotFlowState),
                      });
 }
 
@@ -342,38 +343,54 @@ Napi::Value Tracer::TraceRules(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
-// expireFlowState(idleMs): removes the kernel state of flows that counted no
-// packet for idleMs (their destroy was missed: an LRU-forgotten tuple, a
-// netlink overrun, an entry that never got confirmed) and returns their
-// final counters as a batch of svt_flow_stats records (SVT_STATS_EXPIRED),
-// so the svt_flow_state map never fills up with the dead.
-Napi::Value Tracer::ExpireFlowState(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  RequireLoaded(env, "expireFlowState");
-  if (!info[0].IsNumber()) throw Napi::TypeError::New(env, "expireFlowState(idleMs)");
-  uint64_t idle_ns = (uint64_t)(info[0].As<Napi::Number>().DoubleValue() * 1e6);
+// The svt_flow_state entries as svt_flow_stats records: all of them
+// (snapshot, SVT_STATS_PERIODIC), or those that counted no packet for
+// idle_ns, removed (SVT_STATS_EXPIRED).
+Napi::Value Tracer::CollectFlowState(Napi::Env env, bool expire, uint64_t idle_ns) {
   uint64_t now = MonotonicNs();
   int fd = bpf_map__fd(skel_->maps.svt_flow_state);
-  std::vector<__u64> idle;
+  std::vector<__u64> keys;
   __u64 key, *prev = nullptr;
   svt_flow_counters c;
   while (bpf_map_get_next_key(fd, prev, &key) == 0) {
-    if (bpf_map_lookup_elem(fd, &key, &c) == 0 && now > c.last_ns && now - c.last_ns >= idle_ns) idle.push_back(key);
+    if (!expire || (bpf_map_lookup_elem(fd, &key, &c) == 0 && now > c.last_ns && now - c.last_ns >= idle_ns))
+      keys.push_back(key);
     prev = &key;
   }
   std::vector<uint8_t> out;
-  for (__u64 k : idle) {
+  for (__u64 k : keys) {
     svt_flow_stats r = {};
-    if (bpf_map_lookup_and_delete_elem(fd, &k, &r.c) != 0) continue;
+    int err = expire ? bpf_map_lookup_and_delete_elem(fd, &k, &r.c) : bpf_map_lookup_elem(fd, &k, &r.c);
+    if (err != 0) continue;
     r.kind = SVT_EV_FLOW_STATS;
     r.size = sizeof(r);
     r.ts_ns = now;
     r.ct_id = k;
-    r.reason = SVT_STATS_EXPIRED;
+    r.reason = expire ? SVT_STATS_EXPIRED : SVT_STATS_PERIODIC;
     const auto* b = reinterpret_cast<const uint8_t*>(&r);
     out.insert(out.end(), b, b + sizeof(r));
   }
   return Napi::Buffer<uint8_t>::Copy(env, out.data(), out.size());
+}
+
+// expireFlowState(idleMs): removes the kernel state of flows that counted no
+// packet for idleMs (their destroy was missed: an LRU-forgotten tuple, a
+// netlink overrun, an entry that never got confirmed) and returns their
+// final counters (SVT_STATS_EXPIRED), so svt_flow_state never fills up with
+// the dead.
+Napi::Value Tracer::ExpireFlowState(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireLoaded(env, "expireFlowState");
+  if (!info[0].IsNumber()) throw Napi::TypeError::New(env, "expireFlowState(idleMs)");
+  return CollectFlowState(env, true, (uint64_t)(info[0].As<Napi::Number>().DoubleValue() * 1e6));
+}
+
+// snapshotFlowState(): every tracked flow's counters now (SVT_STATS_PERIODIC),
+// for a judgement that cannot wait for the next periodic record.
+Napi::Value Tracer::SnapshotFlowState(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireLoaded(env, "snapshotFlowState");
+  return CollectFlowState(env, false, 0);
 }
 
 Napi::Value Tracer::Close(const Napi::CallbackInfo& info) {

@@ -36,6 +36,8 @@ class Tracer : public Napi::ObjectWrap<Tracer> {
   Napi::Value BenchEmit(const Napi::CallbackInfo& info);
   Napi::Value TraceRules(const Napi::CallbackInfo& info);
   Napi::Value ExpireFlowState(const Napi::CallbackInfo& info);
+  Napi::Value SnapshotFlowState(const Napi::CallbackInfo& info);
+  Napi::Value CollectFlowState(Napi::Env env, bool expire, uint64_t idle_ns);
 
   void RequireLoaded(Napi::Env env, const char* method);
   void Destroy();

@@ -42,7 +42,6 @@ export class FlowTable implements FlowTableView {
       closeGraceMs: opts.closeGraceMs ?? 5000,
       idleMs: opts.idleMs ?? 600_000,
       maxFlows: opts.maxFlows ?? 20_000,
-      maxTimeline: opts.maxTimeline ?? 64,
     };
     this.dropReasons = opts.dropReasons ?? {};
   }
@@ -156,7 +155,6 @@ export class FlowTable implements FlowTableView {
       reset: false,
       icmpErrors: [],
       rulePath: [],
-      timeline: [],
       seen: new Set(),
     };
     this.byKey.set(key, f);
@@ -211,7 +209,6 @@ export class FlowTable implements FlowTableView {
 
   private ruleEvent(f: Flow, tsNs: bigint, summary: string, path: string[]): Ingested {
     const entry: TimelineEntry = { tsNs, stage: Stage.STAGE_DNAT, summary, milestone: true, label: 'rules' };
-    if (f.timeline.length < this.opts.maxTimeline) f.timeline.push(entry);
     const event: pb.IEvent = {
       tsNs: longFromBigint(wallNs(tsNs)),
       kind: pb.EventKind.EVENT_KIND_RULE_TRACE,
@@ -282,14 +279,8 @@ export class FlowTable implements FlowTableView {
     }
     const stage = c.stage;
     const entry: TimelineEntry = { tsNs: e.tsNs, stage, summary, milestone, stateChange: !!note };
-    // The timeline keeps milestones only (what a person reads); every event
-    // still goes out through the returned Ingested. Bounded per flow.
-    if (milestone && f.timeline.length < this.opts.maxTimeline) {
-      // Keep the timeline in kernel order even when batches interleave.
-      let i = f.timeline.length;
-      while (i > 0 && f.timeline[i - 1]!.tsNs > e.tsNs) i--;
-      f.timeline.splice(i, 0, entry);
-    }
+    // Flows keep no timeline: each entry goes out once, with its event, to
+    // the sinks that show it (text output prints milestones as they come).
     const netnsName = this.opts.netnsName?.(e.netnsIno);
     const event = toProtoEvent(e, {
       flowId: f.id,

@@ -52,7 +52,6 @@ export interface Flow {
   icmpErrors: string[];
   /** The kube-proxy chains the first packet went through (nftables trace), when observed. */
   rulePath: string[];
-  timeline: TimelineEntry[];
   /** Milestones already reported, e.g. 'dnat', 'dev:0:veth2:123'. */
   seen: Set<string>;
 }
@@ -74,8 +73,6 @@ export interface FlowTableOptions {
   idleMs?: number;
   /** At most this many flows are kept; the oldest go first (default 20k). */
   maxFlows?: number;
-  /** Milestones kept per flow (default 64); counters keep counting. */
-  maxTimeline?: number;
 }
 
 export interface FlowSummary {

@@ -90,6 +90,8 @@ export interface NativeTracer {
   traceRules(netnsPath: string, onBatch: (batch: Buffer, count: number) => void): void;
   /** Removes the kernel state of flows idle for idleMs; returns their final counters (svt_flow_stats records). */
   expireFlowState(idleMs: number): Buffer;
+  /** Every tracked flow's counters now (svt_flow_stats records, periodic). */
+  snapshotFlowState(): Buffer;
   /** Benchmarks only: emit `count` synthetic events of `flows` flows (needs benchSource). */
   benchEmit(count: number, flows: number): void;
 }

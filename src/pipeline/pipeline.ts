@@ -250,6 +250,15 @@ export class Pipeline {
     return this.tracer.stats();
   }
 
+  /**
+   * Brings every flow's counters up to date now (the kernel reports them
+   * every statsIntervalMs while a flow is active, and at its end): for a
+   * judgement or a summary that cannot wait.
+   */
+  refreshCounters(): void {
+    if (this.delivering) this.tracer.refreshCounters();
+  }
+
   /** Events lost so far, per stage: the kernel's and the addon's counters, and the flow table's evictions. */
   losses(): Partial<StageLosses> {
     return { ...kernelLosses(this.stats()), flow_table: this.table.summary().evicted };
@@ -266,6 +275,7 @@ export class Pipeline {
     clearInterval(this.sweepTimer);
     this.rulePaths?.stop();
     await this.tracer.drain(DRAIN_MS);
+    this.refreshCounters(); // the summary counts every packet so far
     this.tracer.close();
     this.delivering = false;
     const stats = this.tracer.stats();

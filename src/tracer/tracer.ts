@@ -173,6 +173,12 @@ export class Tracer {
     return buf.byteLength / FLOW_STATS.size;
   }
 
+  /** Delivers every tracked flow's counters as they are now (like periodic records). */
+  refreshCounters(): void {
+    const buf = this.n.snapshotFlowState();
+    if (buf.byteLength) this.deliver(buf);
+  }
+
   /**
    * Waits until everything the kernel produced so far has reached JS (ring
    * empty, nothing pending in the reader, no batch in flight), at most

@@ -1,0 +1,209 @@
+/**
+ * The data plane's promises, against the real kernel in the lab:
+ * - counters kept in the kernel equal conntrack's own accounting (ctnetlink
+ *   DESTROY counters, read by the conntrack tool, not by svctrace), exactly,
+ *   for a TCP keep-alive connection of 150 requests and a UDP flow;
+ * - a keep-alive connection costs a number of events that does not grow with
+ *   its requests (1,000 requests cost what 100 do), while --all-packets still
+ *   reports every packet;
+ * - when JavaScript stalls, the reader holds back (records wait in the ring)
+ *   instead of dropping: nothing the kernel wrote is lost between the ring
+ *   and JS, and what did not fit in the ring is counted by the kernel.
+ */
+import { after, before, describe } from 'node:test';
+import assert from 'node:assert/strict';
+import { ChildProcess, spawn } from 'node:child_process';
+import { kernelTest, IS_ROOT, sleep } from '../helpers/kernel';
+import { FlowLog, waitFor } from '../helpers/flows';
+import { Lab } from '../../src/lab/lab';
+import { runIn } from '../../src/lab/exec';
+import { argvInNetns } from '../../src/netns/netns';
+import { Pipeline } from '../../src/pipeline/pipeline';
+import { Tracer } from '../../src/tracer/tracer';
+import { parseServiceSpec } from '../../src/net/ipv4';
+import { svctrace } from '../../src/gen/svctrace';
+
+import pb = svctrace.v1;
+
+/** N request/response exchanges from one UDP socket; prints its local port. */
+const UDP_EXCHANGES = `
+const s = require('node:dgram').createSocket('udp4');
+const [addr, port, n] = process.argv.slice(1);
+let left = Number(n);
+const t = setTimeout(() => { console.error('timeout, ' + left + ' left'); process.exit(1); }, 10000);
+s.on('message', () => { if (--left === 0) { clearTimeout(t); console.log('port=' + s.address().port); s.close(); } else s.send('q' + left, Number(port), addr); });
+s.send('q' + left, Number(port), addr);
+`;
+
+/** conntrack -E DESTROY lines with accounting: per flow, the kernel's own counters. */
+interface CtCounters {
+  proto: string;
+  sport: number;
+  packets: [number, number];
+  bytes: [number, number];
+}
+
+function parseDestroy(line: string): CtCounters | undefined {
+  if (!line.includes('DESTROY')) return undefined;
+  const proto = /\b(tcp|udp)\b/.exec(line)?.[1];
+  const sport = Number(/sport=(\d+)/.exec(line)?.[1]);
+  const pk = [...line.matchAll(/packets=(\d+)/g)].map((m) => Number(m[1]));
+  const by = [...line.matchAll(/bytes=(\d+)/g)].map((m) => Number(m[1]));
+  if (!proto || pk.length !== 2 || by.length !== 2) return undefined;
+  return { proto, sport, packets: [pk[0]!, pk[1]!], bytes: [by[0]!, by[1]!] };
+}
+
+describe('data plane: counted in the kernel, transitions on the ring (kernel)', () => {
+  let lab: Lab;
+
+  before(async () => {
+    if (!IS_ROOT) return;
+    lab = await Lab.up({ pods: 2 });
+    // Conntrack accounting in the lab's node namespace only (per-namespace sysctl).
+    await runIn(lab.nodeNetns, ['sysctl', '-qw', 'net.netfilter.nf_conntrack_acct=1']);
+  });
+
+  after(async () => {
+    await lab?.down();
+  });
+
+  /** A pipeline over the lab node with a sink that keeps every event. */
+  async function trace(opts: { allPackets?: boolean } = {}): Promise<{ p: Pipeline; log: FlowLog }> {
+    const log = new FlowLog();
+    const web = lab.service('web');
+    const dns = lab.service('kube-dns');
+    const p = await Pipeline.start(
+      {
+        services: [parseServiceSpec(`${web.clusterIP}:80`), parseServiceSpec(`${dns.clusterIP}:53/udp`)],
+        netns: [lab.nodeNetns],
+        kubeconfig: false,
+        ruleTrace: false,
+        closeGraceMs: 3_600_000,
+        allPackets: opts.allPackets,
+      },
+      () => [{ name: 'test', write: log.add }],
+    );
+    return { p, log };
+  }
+
+  /** N requests over one keep-alive connection (curl reuses it for a URL range); its local port. */
+  async function keepAlive(n: number): Promise<number> {
+    const url = `http://${lab.service('web').clusterIP}/r[1-${n}]`;
+    const r = await runIn(lab.nodeNetns, ['curl', '-s', '--max-time', '60', '-w', 'port=%{local_port}\\n', url], { timeoutMs: 90_000 });
+    const ports = new Set([...r.stdout.matchAll(/port=(\d+)/g)].map((m) => m[1]));
+    assert.equal(ports.size, 1, `one connection for ${n} requests (local ports: ${[...ports].join(',')})`);
+    return Number([...ports][0]);
+  }
+
+  kernelTest('per-flow counters equal conntrack accounting exactly: TCP keep-alive (150 requests) and UDP', async () => {
+    // The kernel's own account, read independently of svctrace.
+    const [cmd, ...args] = argvInNetns(lab.nodeNetns, ['conntrack', '-E', '-e', 'DESTROY', '-o', 'extended']);
+    const ct: ChildProcess = spawn(cmd!, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+    let ctOut = '';
+    ct.stdout!.on('data', (d) => (ctOut += d));
+    const { p, log } = await trace();
+    try {
+      await sleep(300); // conntrack -E has joined its netlink group
+      const tcpPort = await keepAlive(150);
+      const dns = lab.service('kube-dns');
+      const u = await runIn(lab.nodeNetns, [process.execPath, '-e', UDP_EXCHANGES, dns.clusterIP, '53', '40'], { timeoutMs: 20_000 });
+      const udpPort = Number(/port=(\d+)/.exec(u.stdout)![1]);
+      await sleep(2500); // TIME_WAIT is 2 s in the lab
+      await lab.reapConntrack();
+      // A UDP entry lives 30 s or more: end it now (conntrack reports it like any destroy).
+      await runIn(lab.nodeNetns, ['conntrack', '-D', '-p', 'udp', '--orig-port-src', String(udpPort)]);
+      const flowOf = (port: number) => log.flowByClientPort(port);
+      assert.ok(await waitFor(() => !!flowOf(tcpPort)?.countersFinal && !!flowOf(udpPort)?.countersFinal, 10_000), 'both flows ended with final counters');
+      const truth = () => ctOut.split('\n').map(parseDestroy).filter((x): x is CtCounters => !!x);
+      assert.ok(await waitFor(() => truth().some((c) => c.sport === tcpPort) && truth().some((c) => c.sport === udpPort), 5000), `conntrack -E saw both ends:\n${ctOut}`);
+      for (const [port, proto] of [
+        [tcpPort, 'tcp'],
+        [udpPort, 'udp'],
+      ] as const) {
+        const f = flowOf(port)!;
+        const k = truth().find((c) => c.sport === port && c.proto === proto)!;
+        assert.deepEqual(f.packets, k.packets, `${proto} packets [orig, reply]: svctrace ${f.packets} vs conntrack ${k.packets}`);
+        assert.deepEqual(f.bytes, k.bytes, `${proto} bytes [orig, reply]: svctrace ${f.bytes} vs conntrack ${k.bytes}`);
+        // The final counters also went out as an event, for every sink.
+        const finalEv = log.eventsOf(f).find((e) => e.kind === pb.EventKind.EVENT_KIND_FLOW_STATS && e.counters?.final);
+        assert.equal(Number(finalEv?.counters?.packetsOriginal), k.packets[0]);
+      }
+      assert.ok(flowOf(tcpPort)!.packets[0] > 150, 'a request per packet at least');
+    } finally {
+      ct.kill();
+      await p.stop();
+    }
+  });
+
+  kernelTest('events per keep-alive connection do not grow with requests; --all-packets reports every packet', async () => {
+    const { p, log } = await trace();
+    let small: number, large: number, largePackets: number;
+    try {
+      const p100 = await keepAlive(100);
+      const p1000 = await keepAlive(1000);
+      await sleep(2500);
+      await lab.reapConntrack();
+      assert.ok(await waitFor(() => !!log.flowByClientPort(p1000)?.countersFinal && !!log.flowByClientPort(p100)?.countersFinal, 10_000));
+      const count = (port: number) => log.eventsOf(log.flowByClientPort(port)!).filter((e) => e.kind !== pb.EventKind.EVENT_KIND_FLOW_STATS).length;
+      small = count(p100);
+      large = count(p1000);
+      const f = log.flowByClientPort(p1000)!;
+      largePackets = f.packets[0] + f.packets[1];
+    } finally {
+      await p.stop();
+    }
+    // Both connections take the same transitions (handshake, first packet
+    // per hook and device, state changes, close); only the periodic counter
+    // records depend on duration, and they are not counted here.
+    assert.ok(largePackets >= 2000, `1000 requests are >= 2000 packets (counted ${largePackets})`);
+    assert.ok(large <= small + 4, `1000 requests cost ${large} events, 100 cost ${small}: the count must not grow with requests`);
+    assert.ok(large < 80, `a keep-alive connection costs a bounded number of events (got ${large})`);
+
+    const all = await trace({ allPackets: true });
+    try {
+      const port = await keepAlive(100);
+      await sleep(300);
+      const f = all.log.flowByClientPort(port)!;
+      const nf = all.log.eventsOf(f).filter((e) => e.kind === pb.EventKind.EVENT_KIND_NETFILTER).length;
+      assert.ok(nf >= 4 * 200, `--all-packets: every packet at every hook (${nf} netfilter events for >= 200 packets)`);
+    } finally {
+      await all.p.stop();
+    }
+  });
+
+  kernelTest('a stalled consumer: the reader holds back, nothing is lost between ring and JS, ring overflow is counted by the kernel', async () => {
+    const web = lab.service('web');
+    // A small ring (64 KiB, ~390 events) so a 2 s stall overflows it.
+    const tracer = Tracer.open({ ringBufferBytes: 64 * 1024 });
+    let delivered = 0;
+    let stalled = false;
+    try {
+      tracer.setServices([parseServiceSpec(`${web.clusterIP}:80`)]);
+      tracer.attachNetns(lab.nodeNetns);
+      tracer.start((b) => {
+        delivered += b.events.length + b.stats.length;
+        if (!stalled && delivered > 0) {
+          stalled = true;
+          // The JS thread blocks for 2 s, as a slow sink would.
+          Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 2000);
+        }
+      });
+      // Traffic from a process of its own, so it goes on while JS is blocked.
+      const [cmd, ...args] = argvInNetns(lab.clientNetns, ['sh', '-c', `for i in $(seq 150); do curl -s -o /dev/null --max-time 2 http://${web.clusterIP}/; done`]);
+      const load = spawn(cmd!, args, { stdio: 'ignore' });
+      const loadDone = new Promise((r) => load.once('exit', r));
+      await loadDone;
+      assert.ok(await tracer.drain(10_000), 'the reader caught up once JS was back');
+      const st = tracer.stats();
+      assert.ok(stalled, 'the consumer stalled');
+      assert.ok(st.readerHeldBack > 0, `the reader held back while JS was stalled (${st.readerHeldBack})`);
+      // Ring records (kernelEvents) plus the conntrack listener's (flows' ends).
+      assert.equal(delivered, st.kernelEvents + st.ctDestroyEvents, 'every record the kernel wrote reached JS');
+      assert.equal(st.recordsRead, st.kernelEvents);
+      assert.equal(st.readerLostAtClose, 0);
+      assert.ok(st.ringbufLost > 0, `the ring overflowed during the stall and the kernel counted it (${st.ringbufLost})`);
+    } finally {
+      tracer.close();
+    }
+  });
+});
