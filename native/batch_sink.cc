@@ -93,10 +93,10 @@ void BatchSink::Close() {
 void BatchSink::CallJs(Napi::Env env, Napi::Function fn, std::nullptr_t*, Batch* batch) {
   if (env != nullptr && fn != nullptr) {
     try {
-      // The batch's bytes become the Buffer's memory: no copy.
-      auto* owned = new std::vector<uint8_t>(std::move(batch->bytes));
-      auto buf = Napi::Buffer<uint8_t>::NewOrCopy(env, owned->data(), owned->size(),
-                                            [](Napi::Env, uint8_t*, std::vector<uint8_t>* v) { delete v; }, owned);
+      // A copy in memory V8 accounts for: its GC then sees what JS holds
+      // (external memory handed over with a finalizer is invisible to it,
+      // and piled up unbounded under load).
+      auto buf = Napi::Buffer<uint8_t>::Copy(env, batch->bytes.data(), batch->bytes.size());
       fn.Call({buf, Napi::Number::New(env, batch->count), Napi::Number::New(env, (double)batch->channel)});
     } catch (const Napi::Error& e) {
       // The TS wrapper never lets its handler throw; if it does anyway, say

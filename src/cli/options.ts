@@ -2,6 +2,7 @@
 import fs from 'node:fs';
 import { Command } from 'commander';
 import { SvctraceError } from '../errors';
+import { DEFAULT_RING_BUFFER_BYTES, DEFAULT_STATS_INTERVAL_MS } from '../events/layout';
 import { parseNodePortSpec, parseServiceSpec, ServiceSpec } from '../net/ipv4';
 import { discover } from '../discovery/discover';
 import { DiscoveredService, findByName } from '../discovery/model';
@@ -26,6 +27,8 @@ export interface SelectionOptions {
   nodeport: string[];
   netns: string[];
   allPackets?: boolean;
+  ringBuffer?: string;
+  statsInterval?: string;
 }
 
 /** --service / --nodeport / --netns, as every tracing command takes them. */
@@ -36,7 +39,9 @@ export function addSelectionOptions(cmd: Command): Command {
     .option('--nodeport <port[/proto]>', 'NodePort to trace (repeatable)', collect, [])
     .option('--netns <name|path>', "network namespace of the node (repeatable; default: svctrace's own)", collect, [])
     .option('--kubeconfig <path>', 'name services and pods from the Kubernetes API (default: $KUBECONFIG, ~/.kube/config or in-cluster, if any)')
-    .option('--all-packets', 'an event for every packet at every hook (default: the transitions — first packets, SYN/FIN/RST, drops — plus one per packet for counting)');
+    .option('--all-packets', 'an event for every packet at every hook, for evidence (default: the transitions — first packet at each hook and device, NAT, conntrack state changes, SYN/RST, drops, routes — with packets and bytes counted in the kernel)')
+    .option('--ring-buffer <MiB>', 'kernel ring buffer size, a power of two (the one buffer while svctrace is behind; what does not fit is counted as lost)', String(DEFAULT_RING_BUFFER_BYTES / 2 ** 20))
+    .option('--stats-interval <ms>', 'how often each active flow\'s packet and byte counters are reported', String(DEFAULT_STATS_INTERVAL_MS));
 }
 
 /** IP:port specs parse directly; `ns/name[:port]` and --all-services resolve through the node's kube-proxy rules. */
@@ -89,5 +94,31 @@ export const warn = (w: string): void => {
 
 /** The pipeline's selection from the selection options: what every tracing command traces, and where. */
 export function selectionOf(opts: SelectionOptions, services: ServiceSpec[]): PipelineOptions {
-  return { services, netns: opts.netns, kubeconfig: opts.kubeconfig, allPackets: !!opts.allPackets, onWarning: warn };
+  return {
+    services,
+    netns: opts.netns,
+    kubeconfig: opts.kubeconfig,
+    allPackets: !!opts.allPackets,
+    ringBufferBytes: parseRingBuffer(opts.ringBuffer),
+    statsIntervalMs: parseStatsInterval(opts.statsInterval),
+    onWarning: warn,
+  };
+}
+
+/** --ring-buffer MiB: a power of two from 1 MiB to 1 GiB. */
+export function parseRingBuffer(v: string | undefined): number | undefined {
+  if (v === undefined) return undefined;
+  const mib = Number(v);
+  if (!Number.isInteger(mib) || mib < 1 || mib > 1024 || (mib & (mib - 1)) !== 0) {
+    throw new SvctraceError('BAD_INPUT', `--ring-buffer '${v}' must be a power of two number of MiB, 1..1024`);
+  }
+  return mib * 2 ** 20;
+}
+
+/** --stats-interval ms: 10 ms .. 1 h. */
+export function parseStatsInterval(v: string | undefined): number | undefined {
+  if (v === undefined) return undefined;
+  const ms = Number(v);
+  if (!Number.isFinite(ms) || ms < 10 || ms > 3_600_000) throw new SvctraceError('BAD_INPUT', `--stats-interval '${v}' must be a number of milliseconds, 10..3600000`);
+  return ms;
 }

@@ -31,6 +31,8 @@ export interface RecordOptions {
   kubeconfig?: string | false;
   snaplen: number;
   allPackets?: boolean;
+  ringBufferBytes?: number;
+  statsIntervalMs?: number;
   durationS?: number;
   maxBytes?: number;
   overwrite?: boolean;
@@ -58,7 +60,16 @@ export async function record(opts: RecordOptions): Promise<pb.IRecordingTrailer>
   const sizeReached = new AbortController();
   let events: RecordingSink | undefined;
   const pipeline = await Pipeline.start(
-    { services: opts.services, netns: opts.netns, kubeconfig: opts.kubeconfig, snaplen: opts.snaplen, allPackets: opts.allPackets, onWarning: opts.onWarning },
+    {
+      services: opts.services,
+      netns: opts.netns,
+      kubeconfig: opts.kubeconfig,
+      snaplen: opts.snaplen,
+      allPackets: opts.allPackets,
+      ringBufferBytes: opts.ringBufferBytes,
+      statsIntervalMs: opts.statsIntervalMs,
+      onWarning: opts.onWarning,
+    },
     async (ctx) => {
       const writer = createWriter(opts.path, opts.overwrite);
       const doctor = runDoctor();

@@ -5,6 +5,7 @@ import { waitForStop } from '../../pipeline/lifecycle';
 import { DEFAULT_LISTEN, StreamServer } from '../../stream/server';
 import { dashboardHandler } from '../../stream/static';
 import { formatSummary } from '../../output/flow-text';
+import { MemoryWatch } from '../../process-memory';
 import { DiscoveredService, Discovery } from '../../discovery/model';
 import { Pipeline } from '../../pipeline/pipeline';
 import { streamSink } from '../../pipeline/sinks/stream';
@@ -61,6 +62,7 @@ export function registerServe(program: Command): void {
       if (!!opts.tlsCert !== !!opts.tlsKey) throw new SvctraceError('BAD_INPUT', 'give both --tls-cert and --tls-key');
       const tls = opts.tlsCert && opts.tlsKey ? { cert: readFileOpt(opts.tlsCert, 'certificate'), key: readFileOpt(opts.tlsKey, 'key') } : undefined;
       let server: StreamServer | undefined;
+      const memory = new MemoryWatch();
       const pipeline = await Pipeline.start(selectionOf(opts, services), async (ctx) => {
         const source = ctx.hubSource();
         const rules = rulesFor(services, ctx.discovery);
@@ -74,6 +76,7 @@ export function registerServe(program: Command): void {
       process.stderr.write(`svctrace: tracing ${services.map((s) => s.text).join(', ')}; streaming at ${url} (dashboard: ${url.replace(/^ws/, 'http').replace('/v1/events', '/')}; Ctrl-C to stop)\n`);
       await waitForStop(duration);
       const { summary, stats } = await pipeline.stop();
-      process.stderr.write(formatSummary(summary, stats, pipeline.backendName) + '\n');
+      memory.stop();
+      process.stderr.write(formatSummary(summary, stats, pipeline.backendName) + '\n' + `  ${memory.describe()}\n`);
     });
 }
