@@ -134,7 +134,15 @@ export class Store {
       const f = this.flow(this.key(e.flowId), String(e.flowId ?? 0), e);
       if (f.events.length < MAX_EVENTS_PER_FLOW) f.events.push(e);
       const t = ts(e.tsNs);
+      // One clock (wall-clock ns from the server); a flow first known from a
+      // FlowUpdate has no start yet: never measure a duration from zero.
+      if (t && (!f.firstTsNs || t < f.firstTsNs)) f.firstTsNs = t;
       if (t > f.lastTsNs) f.lastTsNs = t;
+      const c = e.counters;
+      if (c) {
+        f.packets = [Number(c.packetsOriginal ?? 0), Number(c.packetsReply ?? 0)];
+        f.bytes = [Number(c.bytesOriginal ?? 0), Number(c.bytesReply ?? 0)];
+      }
       if (!f.client && e.conntrack?.original?.src) f.client = `${e.conntrack.original.src}:${e.conntrack.original.srcPort}`;
       if (e.conntrack?.reply?.dst && e.conntrack.statusNames?.includes('DST_NAT')) f.seenByBackend = `${e.conntrack.reply.dst}:${e.conntrack.reply.dstPort}`;
       if (e.backend) f.backend = e.backend;
@@ -159,6 +167,10 @@ export class Store {
       f.state = u.state || f.state;
       f.closed = !!u.closed || f.closed;
       f.reset = !!u.reset || f.reset;
+      const first = ts(u.firstTsNs);
+      const last = ts(u.lastTsNs);
+      if (first && (!f.firstTsNs || first < f.firstTsNs)) f.firstTsNs = first;
+      if (last > f.lastTsNs) f.lastTsNs = last;
       f.packets = [Number(u.packetsOriginal ?? 0), Number(u.packetsReply ?? 0)];
       const prevBytes = f.bytes[0] + f.bytes[1];
       f.bytes = [Number(u.bytesOriginal ?? 0), Number(u.bytesReply ?? 0)];

@@ -2,24 +2,15 @@ import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { classifyEvent, rulePathOf, tcpStateChangeNote } from '../../src/flows/classify';
 import type { Flow } from '../../src/flows/types';
-import type { KernelEvent, RuleTrace, Tuple } from '../../src/events/decode';
+import type { RuleTrace } from '../../src/events/decode';
 import { Dir, EventKind, NfStage } from '../../src/events/layout';
 import { IPS_CONFIRMED, IPS_DST_NAT, IPS_SRC_NAT } from '../../src/events/conntrack';
 import { svctrace } from '../../src/gen/svctrace';
+import { ev, orig, reply } from '../helpers/kernel-events';
 
 import S = svctrace.v1.Stage;
 
-const orig: Tuple = { saddr: '10.244.1.1', daddr: '10.96.0.100', sport: 40000, dport: 80, proto: 6 };
-const reply: Tuple = { saddr: '10.244.1.12', daddr: '10.244.1.1', sport: 8080, dport: 40000, proto: 6 };
 
-function ev(over: Partial<KernelEvent>): KernelEvent {
-  return {
-    kind: EventKind.NF, cpu: 0, tsNs: 1000n, ctId: 'ffff1', skbId: 'a', pkt: orig, ctOrig: orig, ctReply: reply,
-    ctStatus: 0, ctMark: 0, ctTimeoutMs: 0, netnsIno: 111, ifindex: 2, nfPriority: -101, reason: 0, pktLen: 60,
-    ctZone: 0, nfHook: 3, ctinfo: 2, tcpFlags: 2, ctTcpState: 1, nfStage: NfStage.BEFORE_NAT, dir: Dir.ORIGINAL,
-    serviceId: 1, gateway: '', ifname: 'cni0', linkKind: 'bridge', icmpType: 0, icmpCode: 0, ...over,
-  };
-}
 
 function flow(over: Partial<Flow> = {}): Flow {
   return {

@@ -1,0 +1,17 @@
+/** Kernel records as the decoder yields them, for unit tests of the flow model (no root, no addon). */
+import type { KernelEvent, Tuple } from '../../src/events/decode';
+import { Dir, EventKind, NfStage } from '../../src/events/layout';
+
+/** A client on the node calling the ClusterIP, and the backend's reply tuple after DNAT. */
+export const orig: Tuple = { saddr: '10.244.1.1', daddr: '10.96.0.100', sport: 40000, dport: 80, proto: 6 };
+export const reply: Tuple = { saddr: '10.244.1.12', daddr: '10.244.1.1', sport: 8080, dport: 40000, proto: 6 };
+
+/** A netfilter event of that flow (first packet, before DNAT on LOCAL_OUT), with overrides. */
+export function ev(over: Partial<KernelEvent>): KernelEvent {
+  return {
+    kind: EventKind.NF, cpu: 0, tsNs: 1000n, ctId: 'ffff1', skbId: 'a', pkt: orig, ctOrig: orig, ctReply: reply,
+    ctStatus: 0, ctMark: 0, ctTimeoutMs: 0, netnsIno: 111, ifindex: 2, nfPriority: -101, reason: 0, pktLen: 60,
+    ctZone: 0, nfHook: 3, ctinfo: 2, tcpFlags: 2, ctTcpState: 1, nfStage: NfStage.BEFORE_NAT, dir: Dir.ORIGINAL,
+    serviceId: 1, gateway: '', ifname: 'cni0', linkKind: 'bridge', icmpType: 0, icmpCode: 0, ...over,
+  };
+}

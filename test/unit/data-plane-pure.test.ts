@@ -1,0 +1,61 @@
+/** Pure parts of the data plane: ordering the two kernel channels, loss accounting, the sizing flags. */
+import { describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { ChannelMerge } from '../../src/tracer/channel-merge';
+import { formatLosses, totalLost } from '../../src/tracer/losses';
+import { parseRingBuffer, parseStatsInterval } from '../../src/cli/options';
+import { SvctraceError } from '../../src/errors';
+import type { DecodedBatch } from '../../src/events/decode';
+import { ev } from '../helpers/kernel-events';
+
+const batch = (name: string, ...ts: bigint[]): DecodedBatch & { name: string } => ({ name, events: ts.map((t) => ev({ tsNs: t })), stats: [] });
+
+describe('ChannelMerge: a flow\'s end never overtakes its start', () => {
+  it('holds a netlink batch until the ring has delivered past its time', () => {
+    const out: string[] = [];
+    const m = new ChannelMerge((b) => out.push((b as { name: string } & DecodedBatch).name), 500);
+    m.netlink(batch('destroy', 200n), 0);
+    assert.deepEqual(out, [], 'held: the ring has not reached t=200 yet');
+    m.ring(batch('ring-early', 100n), 10);
+    assert.deepEqual(out, ['ring-early']);
+    m.ring(batch('ring-late', 250n), 20);
+    assert.deepEqual(out, ['ring-early', 'ring-late', 'destroy']);
+  });
+
+  it('releases when the ring is idle, after maxHoldMs, and past maxHeld', () => {
+    const out: string[] = [];
+    const m = new ChannelMerge((b) => out.push((b as { name: string } & DecodedBatch).name), 500, 2);
+    m.netlink(batch('a', 900n), 0);
+    m.release(true, 1);
+    assert.deepEqual(out, ['a'], 'ring idle');
+    m.netlink(batch('b', 900n), 0);
+    m.release(false, 499);
+    assert.deepEqual(out, ['a']);
+    m.release(false, 500);
+    assert.deepEqual(out, ['a', 'b'], 'held at most maxHoldMs');
+    for (const n of ['c', 'd', 'e']) m.netlink(batch(n, 900n), 600);
+    assert.deepEqual(out, ['a', 'b', 'c'], 'at most maxHeld wait');
+    assert.equal(m.holding, 2);
+  });
+});
+
+describe('losses per stage', () => {
+  it('totals and names only the stages that lost something', () => {
+    const l = { ring_buffer: 3, flow_state: 0, flow_table: 2, client_queues: 0 };
+    assert.equal(totalLost(l), 5);
+    assert.equal(formatLosses(l), 'ring_buffer=3 flow_table=2');
+  });
+});
+
+describe('sizing flags', () => {
+  it('--ring-buffer takes a power of two MiB, 1..1024', () => {
+    assert.equal(parseRingBuffer('64'), 64 * 2 ** 20);
+    assert.equal(parseRingBuffer(undefined), undefined);
+    for (const bad of ['3', '0', '2048', 'x', '1.5', '-4']) assert.throws(() => parseRingBuffer(bad), (e: unknown) => e instanceof SvctraceError && e.code === 'BAD_INPUT', bad);
+  });
+
+  it('--stats-interval takes 10 ms .. 1 h', () => {
+    assert.equal(parseStatsInterval('250'), 250);
+    for (const bad of ['5', 'soon', '3600001']) assert.throws(() => parseStatsInterval(bad), SvctraceError, bad);
+  });
+});
