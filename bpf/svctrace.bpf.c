@@ -261,18 +261,20 @@ static __always_inline void reverse_tuple(struct svt_tuple *dst, const struct sv
 	dst->proto = src->proto;
 }
 
-/* The flow's four wire tuples: before/after NAT, in both directions. */
-static __always_inline void register_flow(struct svt_event *e)
+/* The flow's four wire tuples: before/after NAT, in both directions. Done
+ * whether or not the first packet's event fit in the ring: the flow's end
+ * (and its final counters) are found through these. */
+static __always_inline void register_flow(__u64 ct_id, __u32 svc, const struct svt_tuple *orig, const struct svt_tuple *reply)
 {
 	struct svt_tuple t = {};
 
 	__sync_fetch_and_add(&svt_active_flows, 1);
-	flow_ref_put(&e->ct_orig, e->ct_id, e->service_id, SVT_DIR_ORIGINAL);
-	flow_ref_put(&e->ct_reply, e->ct_id, e->service_id, SVT_DIR_REPLY);
-	reverse_tuple(&t, &e->ct_orig);
-	flow_ref_put(&t, e->ct_id, e->service_id, SVT_DIR_REPLY);
-	reverse_tuple(&t, &e->ct_reply);
-	flow_ref_put(&t, e->ct_id, e->service_id, SVT_DIR_ORIGINAL);
+	flow_ref_put((struct svt_tuple *)orig, ct_id, svc, SVT_DIR_ORIGINAL);
+	flow_ref_put((struct svt_tuple *)reply, ct_id, svc, SVT_DIR_REPLY);
+	reverse_tuple(&t, orig);
+	flow_ref_put(&t, ct_id, svc, SVT_DIR_REPLY);
+	reverse_tuple(&t, reply);
+	flow_ref_put(&t, ct_id, svc, SVT_DIR_ORIGINAL);
 }
 
 static __always_inline void stash_for_fib(struct svt_event *e)
@@ -395,7 +397,14 @@ static __always_inline int observe_nf(struct bpf_nf_ctx *ctx, __u8 stage)
 	first = stage == SVT_STAGE_AFTER_NAT && !(status & IPS_CONFIRMED) &&
 		(hook == NF_INET_POST_ROUTING || hook == NF_INET_LOCAL_IN);
 
-	if (emit || first) {
+	if (first) {
+		struct svt_tuple reply = {};
+
+		read_ct_tuple(&reply, &ct->tuplehash[IP_CT_DIR_REPLY].tuple);
+		register_flow((__u64)ct, svc, &orig, &reply);
+		svt_count(SVT_CNT_FLOWS);
+	}
+	if (emit) {
 		e = svt_reserve(SVT_EV_NF);
 		if (e) {
 			e->nf_hook = hook;
@@ -410,17 +419,9 @@ static __always_inline int observe_nf(struct bpf_nf_ctx *ctx, __u8 stage)
 			fill_dev(e, dev);
 			fill_skb(e, skb, nh);
 			fill_ct(e, ct, ctinfo);
-			if (first) {
-				register_flow(e);
-				svt_count(SVT_CNT_FLOWS);
-			}
-			if (emit) {
-				if (stage == SVT_STAGE_BEFORE_NAT && (hook == NF_INET_PRE_ROUTING || hook == NF_INET_LOCAL_OUT))
-					stash_for_fib(e);
-				svt_submit(e);
-			} else {
-				bpf_ringbuf_discard(e, 0);
-			}
+			if (stage == SVT_STAGE_BEFORE_NAT && (hook == NF_INET_PRE_ROUTING || hook == NF_INET_LOCAL_OUT))
+				stash_for_fib(e);
+			svt_submit(e);
 		}
 	}
 	if (st && counting && now - st->last_report_ns >= targ_stats_interval_ns) {
