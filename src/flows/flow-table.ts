@@ -46,6 +46,11 @@ export class FlowTable implements FlowTableView {
     this.dropReasons = opts.dropReasons ?? {};
   }
 
+  /** Flows evicted by the cap so far (read on every status: no summary copy). */
+  get evicted(): number {
+    return this.summaryCounters.evicted;
+  }
+
   get size(): number {
     return this.byKey.size;
   }

@@ -261,7 +261,7 @@ export class Pipeline {
 
   /** Events lost so far, per stage: the kernel's and the addon's counters, and the flow table's evictions. */
   losses(): Partial<StageLosses> {
-    return { ...kernelLosses(this.stats()), flow_table: this.table.summary().evicted };
+    return { ...kernelLosses(this.stats()), flow_table: this.table.evicted };
   }
 
   /** Stops the kernel source, lets in-flight batches land, closes the sinks in order. Idempotent. */
