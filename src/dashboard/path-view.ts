@@ -5,6 +5,7 @@
  */
 import { svctrace } from '../gen/svctrace';
 import { FlowView } from './store';
+import { eventSummary } from '../output/event-summary';
 
 import pb = svctrace.v1;
 
@@ -28,16 +29,17 @@ export function hops(f: FlowView): Hop[] {
   const sorted = [...f.events].sort((a, b) => (BigInt(String(a.tsNs ?? 0)) < BigInt(String(b.tsNs ?? 0)) ? -1 : 1));
   for (const e of sorted) {
     const stage = (pb.Stage[e.stage ?? 0] ?? '').replace('STAGE_', '').toLowerCase();
+    const summary = eventSummary(e);
     const dev = e.device?.name ? `${e.device.name}${e.device.netns ? `@${e.device.netns}` : ''}` : '';
     let key = `${stage}:${e.direction}`;
     if (stage === 'device') key += `:${e.kind}:${dev}`;
-    if (stage === 'drop') key += `:${e.summary}`;
-    if (stage === 'arrive' || (stage === 'dnat' && !e.afterNat) || (stage === 'snat' && !e.afterNat) || (stage === 'reply' && !/un-DNAT/.test(e.summary ?? ''))) continue;
+    if (stage === 'drop') key += `:${summary}`;
+    if (stage === 'arrive' || (stage === 'dnat' && !e.afterNat) || (stage === 'snat' && !e.afterNat) || (stage === 'reply' && !/un-DNAT/.test(summary))) continue;
     if (seen.has(key)) continue;
     seen.add(key);
     const deltaMs = Number(BigInt(String(e.tsNs ?? 0)) - t0) / 1e6;
     let title = stage;
-    let detail = e.summary ?? '';
+    let detail = summary;
     if (stage === 'dnat' && e.conntrack?.original && e.conntrack.reply) {
       title = 'DNAT';
       detail = `${e.conntrack.original.dst}:${e.conntrack.original.dstPort} → ${e.conntrack.reply.src}:${e.conntrack.reply.srcPort}`;

@@ -1,7 +1,7 @@
 /**
- * Names for the kernel's conntrack and netfilter numbers carried in events:
- * enum ip_conntrack_status, ip_conntrack_info, tcp_conntrack and
- * nf_inet_hooks (include/uapi/linux/netfilter/nf_conntrack_common.h,
+ * Names for the kernel's conntrack, netfilter and ICMP numbers carried in
+ * events: enum ip_conntrack_status, ip_conntrack_info, tcp_conntrack,
+ * nf_inet_hooks and ICMP unreachable codes (include/uapi/linux/netfilter/nf_conntrack_common.h,
  * nf_conntrack_tcp.h, netfilter.h). These are stable kernel UAPI values.
  */
 
@@ -76,8 +76,7 @@ export const NF_HOOK_NAMES: readonly string[] = ['PRE_ROUTING', 'LOCAL_IN', 'FOR
 
 export const PROTO_NAMES: Readonly<Record<number, string>> = { 1: 'icmp', 6: 'tcp', 17: 'udp', 132: 'sctp' };
 
-/** TCP header flag bits as in the header's 14th byte. */
-export function tcpFlagNames(flags: number): string {
+function flagNames(flags: number): string {
   const n: string[] = [];
   if (flags & 0x02) n.push('SYN');
   if (flags & 0x10) n.push('ACK');
@@ -86,3 +85,26 @@ export function tcpFlagNames(flags: number): string {
   if (flags & 0x08) n.push('PSH');
   return n.join('|');
 }
+
+/** Every flags byte's text, made once: it is asked for every TCP event. */
+const TCP_FLAG_NAMES: readonly string[] = Array.from({ length: 256 }, (_, f) => flagNames(f));
+
+/** TCP header flag bits as in the header's 14th byte. */
+export function tcpFlagNames(flags: number): string {
+  return TCP_FLAG_NAMES[flags & 0xff]!;
+}
+
+/** ICMP destination-unreachable codes (RFC 792/1122), as REJECT sends them. */
+const ICMP_UNREACH: Readonly<Record<number, string>> = {
+  0: 'net unreachable',
+  1: 'host unreachable',
+  3: 'port unreachable',
+  9: 'net prohibited',
+  10: 'host prohibited',
+  13: 'administratively prohibited',
+};
+
+export function icmpUnreachName(code: number): string {
+  return ICMP_UNREACH[code] ?? `code ${code}`;
+}
+

@@ -27,7 +27,8 @@ export interface KernelEvent {
   tsNs: bigint;
   /** Kernel address of the nf_conn, hex; '' when the packet had no conntrack entry. */
   ctId: string;
-  skbId: string;
+  /** The same address as a number, for keying maps without making a string per event (0: none; see ctKeyAt). */
+  ctKey: number;
   pkt: Tuple;
   ctOrig: Tuple;
   ctReply: Tuple;
@@ -64,6 +65,8 @@ export interface FlowStatsRecord {
   tsNs: bigint;
   /** The flow's nf_conn address, hex, as KernelEvent.ctId. */
   ctId: string;
+  /** The same address as a number, as KernelEvent.ctKey. */
+  ctKey: number;
   /** enum svt_stats_reason (StatsReason): periodic, closed, reused, expired. */
   reason: number;
   /** Per direction: [original, reply]. */
@@ -122,12 +125,32 @@ function readTuple(dv: DataView, b: Uint8Array, o: number): Tuple {
   };
 }
 
-function hex64(dv: DataView, o: number): string {
-  const v = dv.getBigUint64(o, true);
-  return v === 0n ? '' : v.toString(16);
+/**
+ * An nf_conn address as a map key. Kernel pointers do not fit a double's 53
+ * bits, but on one machine the top bits of slab addresses are constant: the
+ * key keeps bits 0-52. The hex text is cached per key and checked against
+ * the whole address, so an unexpected layout costs a string, never a wrong id.
+ */
+function ctKeyAt(dv: DataView, o: number): number {
+  return (dv.getUint32(o + 4, true) & 0x1fffff) * 0x100000000 + dv.getUint32(o, true);
+}
+
+const hexCache = new Map<number, { hi: number; text: string }>();
+const HEX_CACHE_MAX = 65536;
+
+function ctHex(dv: DataView, o: number, key: number): string {
+  if (key === 0 && dv.getUint32(o + 4, true) === 0) return '';
+  const hi = dv.getUint32(o + 4, true);
+  const hit = hexCache.get(key);
+  if (hit && hit.hi === hi) return hit.text;
+  const text = dv.getBigUint64(o, true).toString(16);
+  if (hexCache.size >= HEX_CACHE_MAX) hexCache.clear();
+  hexCache.set(key, { hi, text });
+  return text;
 }
 
 function cString(b: Uint8Array, o: number, len: number): string {
+  if (b[o] === 0) return ''; // most events carry no device
   let end = o;
   while (end < o + len && b[end] !== 0) end++;
   return Buffer.from(b.buffer, b.byteOffset + o, end - o).toString('latin1');
@@ -146,12 +169,13 @@ function decodeAt(dv: DataView, b: Uint8Array, o: number): KernelEvent {
   }
   if (o + size > b.byteLength) throw new DecodeError(`record at offset ${o} (${size} bytes) runs past the batch end`);
   const capLen = dv.getUint16(o + F.cap_len[0], true);
+  const ctKey = ctKeyAt(dv, o + F.ct_id[0]);
   const e: KernelEvent = {
     kind: dv.getUint16(o + F.kind[0], true),
     cpu: dv.getUint32(o + F.cpu[0], true),
     tsNs: dv.getBigUint64(o + F.ts_ns[0], true),
-    ctId: hex64(dv, o + F.ct_id[0]),
-    skbId: hex64(dv, o + F.skb_id[0]),
+    ctId: ctHex(dv, o + F.ct_id[0], ctKey),
+    ctKey,
     pkt: readTuple(dv, b, o + F.pkt[0]),
     ctOrig: readTuple(dv, b, o + F.ct_orig[0]),
     ctReply: readTuple(dv, b, o + F.ct_reply[0]),
@@ -193,9 +217,11 @@ function u64(dv: DataView, o: number): number {
 
 function decodeStatsAt(dv: DataView, b: Uint8Array, o: number): FlowStatsRecord {
   const c = o + S.c[0];
+  const ctKey = ctKeyAt(dv, o + S.ct_id[0]);
   return {
     tsNs: dv.getBigUint64(o + S.ts_ns[0], true),
-    ctId: hex64(dv, o + S.ct_id[0]),
+    ctId: ctHex(dv, o + S.ct_id[0], ctKey),
+    ctKey,
     reason: dv.getUint32(o + S.reason[0], true),
     packets: [u64(dv, c + C.packets[0]), u64(dv, c + C.packets[0] + 8)],
     bytes: [u64(dv, c + C.bytes[0]), u64(dv, c + C.bytes[0] + 8)],

@@ -14,8 +14,9 @@ import { FlowStatsRecord, KernelEvent, RuleTrace, Tuple } from '../events/decode
 import { EventKind, StatsReason } from '../events/layout';
 import { IPS_CONFIRMED, IPS_DST_NAT, IPS_SRC_NAT } from '../events/conntrack';
 import { wallNs } from '../clock';
+import { TCP_CT_STATES } from '../events/conntrack';
 import { longFromBigint, protoTuple, toProtoEvent } from './to-proto';
-import { BENIGN_DROPS, Classification, classifyEvent, inferredRulePathSummary, rulePathOf, tcpStateChangeNote } from './classify';
+import { BENIGN_DROPS, Classification, classifyEvent, inferredRulePathSummary, rulePathOf, tcpStateLeft } from './classify';
 import { serviceLabelById } from './service-ids';
 import { endpoint, sameTuple, tupleKey } from './tuple';
 import type { Flow, FlowSummary, FlowTableOptions, FlowTableView, Ingested, TimelineEntry } from './types';
@@ -24,7 +25,8 @@ import pb = svctrace.v1;
 const Stage = pb.Stage;
 
 export class FlowTable implements FlowTableView {
-  private readonly byKey = new Map<string, Flow>();
+  /** By nf_conn address (KernelEvent.ctKey), or `pkt:` tuple key for a packet dropped before conntrack kept an entry. */
+  private readonly byKey = new Map<number | string, Flow>();
   private readonly byTuple = new Map<string, Flow>();
   private nextId = 1;
   private readonly opts: Required<Omit<FlowTableOptions, 'netnsName' | 'dropReasons'>> & Pick<FlowTableOptions, 'netnsName'>;
@@ -94,7 +96,7 @@ export class FlowTable implements FlowTableView {
    * is still counted and shown.
    */
   private applyStats(r: FlowStatsRecord): Ingested | undefined {
-    const key = `ct:${r.ctId}`;
+    const key = r.ctKey;
     let f = this.byKey.get(key);
     // Counters of an earlier entry at a reused address never touch a newer flow.
     if (f && !sameTuple(f.orig, r.orig)) return undefined;
@@ -108,7 +110,7 @@ export class FlowTable implements FlowTableView {
     if (r.lastNs > f.lastTsNs) f.lastTsNs = r.lastNs;
     const final = r.reason !== StatsReason.PERIODIC;
     if (final) f.countersFinal = true;
-    const entry: TimelineEntry = { tsNs: r.tsNs, stage: Stage.STAGE_UNSPECIFIED, summary: '', milestone: false };
+    const entry: TimelineEntry = { tsNs: r.tsNs, stage: Stage.STAGE_UNSPECIFIED, milestone: false };
     const event: pb.IEvent = {
       tsNs: longFromBigint(wallNs(r.tsNs)),
       kind: pb.EventKind.EVENT_KIND_FLOW_STATS,
@@ -127,11 +129,11 @@ export class FlowTable implements FlowTableView {
         reason: STATS_REASON_NAMES[r.reason] ?? String(r.reason),
       },
     };
-    if (f.dnat) event.backend = endpoint(f.reply.saddr, f.reply.sport);
+    if (f.backend) event.backend = f.backend;
     return { flow: f, event, entry };
   }
 
-  private newFlow(key: string, e: Pick<KernelEvent, 'netnsIno' | 'serviceId' | 'tsNs' | 'kind' | 'ctReply' | 'ctId'>, orig: Tuple): Flow {
+  private newFlow(key: number | string, e: Pick<KernelEvent, 'netnsIno' | 'serviceId' | 'tsNs' | 'kind' | 'ctReply' | 'ctId'>, orig: Tuple): Flow {
     if (this.byKey.size >= this.opts.maxFlows) this.evictOldest();
     const tupleIndexKey = `${e.netnsIno}|${tupleKey(orig)}`;
     const f: Flow = {
@@ -213,7 +215,7 @@ export class FlowTable implements FlowTableView {
   }
 
   private ruleEvent(f: Flow, tsNs: bigint, summary: string, path: string[]): Ingested {
-    const entry: TimelineEntry = { tsNs, stage: Stage.STAGE_DNAT, summary, milestone: true, label: 'rules' };
+    const entry: TimelineEntry = { tsNs, stage: Stage.STAGE_DNAT, milestone: true, label: 'rules' };
     const event: pb.IEvent = {
       tsNs: longFromBigint(wallNs(tsNs)),
       kind: pb.EventKind.EVENT_KIND_RULE_TRACE,
@@ -225,7 +227,7 @@ export class FlowTable implements FlowTableView {
       packet: { src: f.orig.saddr, dst: f.orig.daddr, srcPort: f.orig.sport, dstPort: f.orig.dport, protocol: f.orig.proto as pb.Protocol },
       rulePath: path,
     };
-    if (f.dnat) event.backend = endpoint(f.reply.saddr, f.reply.sport);
+    if (f.backend) event.backend = f.backend;
     return { flow: f, event, entry };
   }
 
@@ -247,8 +249,8 @@ export class FlowTable implements FlowTableView {
       // A miss means the flow was already expired or evicted.
       return this.byTuple.get(`${e.netnsIno}|${tupleKey(e.ctOrig)}`);
     }
-    if (e.ctId) {
-      const key = `ct:${e.ctId}`;
+    if (e.ctKey) {
+      const key = e.ctKey;
       const f = this.byKey.get(key);
       const isNewEntry = e.kind === EventKind.NF && !(e.ctStatus & IPS_CONFIRMED);
       const sameEntry = f && (e.ctOrig.proto === 0 || sameTuple(e.ctOrig, f.orig));
@@ -274,32 +276,32 @@ export class FlowTable implements FlowTableView {
     if (e.tsNs > f.lastTsNs) f.lastTsNs = e.tsNs;
     const prevTcpState = f.tcpState;
     if (e.kind === EventKind.NF) this.updateConntrack(f, e);
-    const c = classifyEvent(f, e, { dropReasonName: (r) => this.dropReasonName(r), netnsName: this.opts.netnsName });
+    const c = classifyEvent(f, e, this.classifyContext);
     this.apply(f, e, c);
-    let { summary, milestone } = c;
-    const note = tcpStateChangeNote(e, prevTcpState, f.tcpState);
-    if (note) {
-      summary += note;
-      milestone = true;
-    }
+    const left = tcpStateLeft(e, prevTcpState, f.tcpState);
     const stage = c.stage;
-    const entry: TimelineEntry = { tsNs: e.tsNs, stage, summary, milestone, stateChange: !!note };
     // Flows keep no timeline: each entry goes out once, with its event, to
     // the sinks that show it (text output prints milestones as they come).
-    const netnsName = this.opts.netnsName?.(e.netnsIno);
+    // No text is made here: sinks that show an event render its account
+    // from the event (output/event-summary).
+    const entry: TimelineEntry = { tsNs: e.tsNs, stage, milestone: c.milestone || left !== 0, stateChange: left !== 0 };
     const event = toProtoEvent(e, {
       flowId: f.id,
+      ctId: f.ctId,
       service: f.service,
       stage,
-      summary,
-      netnsName,
+      netnsName: e.ifindex || e.netnsIno ? this.opts.netnsName?.(e.netnsIno) : undefined,
       dropReasonName: e.kind === EventKind.DROP ? this.dropReasonName(e.reason) : undefined,
-      backend: f.dnat ? endpoint(f.reply.saddr, f.reply.sport) : undefined,
+      backend: f.backend,
       backendNetns: f.backendNetns,
+      podSide: c.podSide,
+      tcpStateBefore: left ? TCP_CT_STATES[left] ?? String(left) : undefined,
     });
     if (e.kind === EventKind.DROP && BENIGN_DROPS.has(this.dropReasonName(e.reason))) event.benignDrop = true;
     return { flow: f, event, entry };
   }
+
+  private readonly classifyContext = { dropReasonName: (r: number) => this.dropReasonName(r), netnsName: (ino: number) => this.opts.netnsName?.(ino) };
 
   /** Applies what the classifier decided to the flow and the summary counters. */
   private apply(f: Flow, e: KernelEvent, c: Classification): void {
@@ -330,9 +332,11 @@ export class FlowTable implements FlowTableView {
     const wasDnat = f.dnat;
     f.dnat = (e.ctStatus & IPS_DST_NAT) !== 0;
     f.masqueraded = (e.ctStatus & IPS_SRC_NAT) !== 0;
-    if (f.dnat && !wasDnat) {
-      const b = endpoint(e.ctReply.saddr, e.ctReply.sport);
-      this.summaryCounters.perBackend[b] = (this.summaryCounters.perBackend[b] ?? 0) + 1;
+    // The backend's text is made when DNAT is first seen, not per event.
+    if (!f.dnat) f.backend = undefined;
+    else if (!wasDnat || !f.backend) {
+      f.backend = endpoint(e.ctReply.saddr, e.ctReply.sport);
+      if (!wasDnat) this.summaryCounters.perBackend[f.backend] = (this.summaryCounters.perBackend[f.backend] ?? 0) + 1;
     }
     // Packets and bytes are counted in the kernel (applyStats), not here:
     // established packets do not reach user space one by one.

@@ -10,6 +10,7 @@ import { ctStatusNames, PROTO_NAMES, TCP_CT_STATES, tcpFlagNames } from '../even
 import type { Flow } from './types';
 import { endpoint } from './tuple';
 import { wallNs } from '../clock';
+import { eventSummary } from '../output/event-summary';
 
 import pb = svctrace.v1;
 
@@ -38,15 +39,21 @@ export function hasConntrack(e: KernelEvent): boolean {
 /** Context the kernel record does not carry. */
 export interface EventContext {
   flowId: number;
+  /** The flow's nf_conn address, hex (the event's own, made once per flow). */
+  ctId: string;
   service: string;
   stage: pb.Stage;
-  summary: string;
   netnsName?: string;
   dropReasonName?: string;
   backend?: string;
   backendNetns?: string;
+  /** Device events: the device is in a pod's namespace. */
+  podSide?: boolean;
+  /** The TCP state this event left, when it moved conntrack's TCP state. */
+  tcpStateBefore?: string;
 }
 
+/** The wire event of a kernel record; no summary (rendered at the edge: output/event-summary). */
 export function toProtoEvent(e: KernelEvent, ctx: EventContext): pb.IEvent {
   const out: pb.IEvent = {
     tsNs: longFromBigint(wallNs(e.tsNs)),
@@ -54,7 +61,6 @@ export function toProtoEvent(e: KernelEvent, ctx: EventContext): pb.IEvent {
     flowId: ctx.flowId,
     service: ctx.service,
     stage: ctx.stage,
-    summary: ctx.summary,
     direction: e.dir === Dir.REPLY ? pb.Direction.DIRECTION_REPLY : pb.Direction.DIRECTION_ORIGINAL,
     cpu: e.cpu,
   };
@@ -68,7 +74,7 @@ export function toProtoEvent(e: KernelEvent, ctx: EventContext): pb.IEvent {
   }
   if (hasConntrack(e)) {
     out.conntrack = {
-      id: e.ctId,
+      id: ctx.ctId,
       original: protoTuple(e.ctOrig),
       reply: protoTuple(e.ctReply),
       status: e.ctStatus,
@@ -78,11 +84,13 @@ export function toProtoEvent(e: KernelEvent, ctx: EventContext): pb.IEvent {
       zone: e.ctZone,
       timeoutMs: e.ctTimeoutMs,
     };
-  } else if (e.ctId) {
-    out.conntrack = { id: e.ctId };
+    if (ctx.tcpStateBefore) out.conntrack.tcpStateBefore = ctx.tcpStateBefore;
+  } else if (ctx.ctId) {
+    out.conntrack = { id: ctx.ctId };
   }
   if (e.ifindex || e.netnsIno) {
     out.device = { ifindex: e.ifindex, name: e.ifname, kind: e.linkKind, netnsInode: e.netnsIno, netns: ctx.netnsName ?? '' };
+    if (ctx.podSide) out.device.podSide = true;
   }
   if (e.kind === EventKind.NF) {
     out.hook = (e.nfHook + 1) as pb.NfHook;
@@ -104,9 +112,10 @@ export function toProtoEvent(e: KernelEvent, ctx: EventContext): pb.IEvent {
   return out;
 }
 
-/** proto3 canonical JSON of an Event (what `trace -o json` prints, one per line). */
+/** proto3 canonical JSON of an Event (what `trace -o json` prints, one per line), its summary rendered here, at the edge. */
 export function eventToJson(ev: pb.IEvent): string {
-  return JSON.stringify(pb.Event.toObject(pb.Event.fromObject(ev), { longs: String, enums: String, bytes: String, json: true }));
+  const withSummary = ev.summary ? ev : { ...ev, summary: eventSummary(ev) };
+  return JSON.stringify(pb.Event.toObject(pb.Event.fromObject(withSummary), { longs: String, enums: String, bytes: String, json: true }));
 }
 
 /** The Flow message for a flow (for summaries and streaming). */

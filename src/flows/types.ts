@@ -1,4 +1,4 @@
-/** The flow model's types: a flow (one conntrack entry), its timeline, and what ingesting an event yields. */
+/** The flow model's types: a flow (one conntrack entry), a timeline entry, and what ingesting an event yields. */
 import { svctrace } from '../gen/svctrace';
 import type { Tuple } from '../events/decode';
 import type { ServiceSpec } from '../net/ipv4';
@@ -8,7 +8,6 @@ import pb = svctrace.v1;
 export interface TimelineEntry {
   tsNs: bigint;
   stage: pb.Stage;
-  summary: string;
   /** First occurrence of this milestone in the flow (what text output prints). */
   milestone: boolean;
   /** Conntrack's TCP state moved with this packet. */
@@ -19,7 +18,8 @@ export interface TimelineEntry {
 
 export interface Flow {
   id: number;
-  key: string;
+  /** The flow table's key: the nf_conn address as a number, or a `pkt:` tuple key. */
+  key: number | string;
   /** Key in the (namespace, original tuple) index, for conntrack DESTROY messages. */
   tupleIndexKey: string;
   service: string;
@@ -31,6 +31,8 @@ export interface Flow {
   reply: Tuple;
   ctId: string;
   nodeNetnsIno: number;
+  /** The backend "ip:port" once DNAT is known (made once, put on every event). */
+  backend?: string;
   backendNetns?: string;
   status: number;
   tcpState: number;

@@ -1,5 +1,6 @@
 /** One line per wire Event, for `watch` and `replay` (which have no flow table). */
 import { svctrace } from '../gen/svctrace';
+import { eventSummary } from './event-summary';
 
 import pb = svctrace.v1;
 
@@ -8,5 +9,5 @@ export function stageName(s: number | null | undefined): string {
 }
 
 export function eventLine(e: pb.IEvent): string {
-  return `[flow ${String(e.flowId ?? 0)}] ${stageName(e.stage).padEnd(6)} ${e.summary ?? ''}`;
+  return `[flow ${String(e.flowId ?? 0)}] ${stageName(e.stage).padEnd(6)} ${eventSummary(e)}`;
 }

@@ -8,6 +8,7 @@ import type { Flow, FlowSummary, Ingested } from '../flows/types';
 import { PROTO_NAMES } from '../events/conntrack';
 import type { TracerStats } from '../tracer/tracer';
 import { formatLosses, kernelLosses, totalLost } from '../tracer/losses';
+import { eventSummary } from './event-summary';
 
 import pb = svctrace.v1;
 
@@ -50,7 +51,7 @@ export class FlowTextPrinter {
   /** Prints the milestones among `items`. */
   print(items: Ingested[]): void {
     const lines: string[] = [];
-    for (const { flow, entry } of items) {
+    for (const { flow, entry, event } of items) {
       if (!entry.milestone) continue;
       if (!this.headerPrinted.has(flow.id)) {
         this.headerPrinted.add(flow.id);
@@ -58,7 +59,7 @@ export class FlowTextPrinter {
       }
       const rel = (Number(entry.tsNs - flow.firstTsNs) / 1e6).toFixed(3);
       const label = (entry.label ?? (entry.stateChange && entry.stage !== pb.Stage.STAGE_DROP ? 'state' : STAGE_LABEL[entry.stage] ?? '?')).padEnd(6);
-      lines.push(`  [${flow.id}] +${rel.padStart(9)}ms ${this.paint(COLOR[entry.stage], label)} ${entry.summary}`);
+      lines.push(`  [${flow.id}] +${rel.padStart(9)}ms ${this.paint(COLOR[entry.stage], label)} ${eventSummary(event)}`);
       if (entry.stage === pb.Stage.STAGE_CLOSE) lines.push(`  [${flow.id}] ${this.describeEnd(flow)}`);
     }
     if (lines.length) this.write(lines.join('\n') + '\n');

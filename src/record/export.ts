@@ -6,6 +6,7 @@ import { eventToJson } from '../flows/to-proto';
 import { VERSION } from '../version';
 import { enhancedPacket, interfaceDescription, sectionHeader } from './pcapng';
 import { readRecording, Recording } from './reader';
+import { eventSummary } from '../output/event-summary';
 
 import pb = svctrace.v1;
 
@@ -53,7 +54,7 @@ export function exportPcapng(input: string, output: string): PcapExport {
         ifaces.set(cp.name, id);
         blocks.push(interfaceDescription(cp.name, cp.description, 65535));
       }
-      blocks.push(enhancedPacket(id, wallClockNs(sofar.header, e.tsNs), e.packetData, e.length ?? e.packetData.length, `flow ${String(e.flowId)}: ${e.summary}`));
+      blocks.push(enhancedPacket(id, wallClockNs(sofar.header, e.tsNs), e.packetData, e.length ?? e.packetData.length, `flow ${String(e.flowId)}: ${eventSummary(e)}`));
       packets++;
     }
   });

@@ -9,9 +9,14 @@ export const reply: Tuple = { saddr: '10.244.1.12', daddr: '10.244.1.1', sport: 
 /** A netfilter event of that flow (first packet, before DNAT on LOCAL_OUT), with overrides. */
 export function ev(over: Partial<KernelEvent>): KernelEvent {
   return {
-    kind: EventKind.NF, cpu: 0, tsNs: 1000n, ctId: 'ffff1', skbId: 'a', pkt: orig, ctOrig: orig, ctReply: reply,
+    kind: EventKind.NF, cpu: 0, tsNs: 1000n, ctId: 'ffff1', ctKey: ctKeyOf(over.ctId ?? 'ffff1'), pkt: orig, ctOrig: orig, ctReply: reply,
     ctStatus: 0, ctMark: 0, ctTimeoutMs: 0, netnsIno: 111, ifindex: 2, nfPriority: -101, reason: 0, pktLen: 60,
     ctZone: 0, nfHook: 3, ctinfo: 2, tcpFlags: 2, ctTcpState: 1, nfStage: NfStage.BEFORE_NAT, dir: Dir.ORIGINAL,
     serviceId: 1, gateway: '', ifname: 'cni0', linkKind: 'bridge', icmpType: 0, icmpCode: 0, ...over,
   };
+}
+
+/** The decoder's numeric key for a hex nf_conn address ('' -> 0), as ctKeyAt computes it for small addresses. */
+export function ctKeyOf(ctId: string): number {
+  return ctId ? parseInt(ctId, 16) : 0;
 }

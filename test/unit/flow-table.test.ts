@@ -6,7 +6,8 @@ import { EventKind, NfStage, Dir, StatsReason } from '../../src/events/layout';
 import { IPS_CONFIRMED, IPS_DST_NAT, IPS_ASSURED, IPS_SEEN_REPLY } from '../../src/events/conntrack';
 import { parseServiceSpec } from '../../src/net/ipv4';
 import { svctrace } from '../../src/gen/svctrace';
-import { ev, orig } from '../helpers/kernel-events';
+import { ctKeyOf, ev, orig } from '../helpers/kernel-events';
+import { eventSummary } from '../../src/output/event-summary';
 
 import pb = svctrace.v1;
 
@@ -15,7 +16,7 @@ const dnated: Tuple = { saddr: '10.244.1.1', daddr: '10.244.1.12', sport: 40000,
 
 function stats(over: Partial<FlowStatsRecord>): FlowStatsRecord {
   return {
-    tsNs: 500n, ctId: 'ffff1', reason: StatsReason.PERIODIC, packets: [0, 0], bytes: [0, 0], drops: 0, firstNs: 100n, lastNs: 500n,
+    tsNs: 500n, ctId: 'ffff1', ctKey: ctKeyOf(over.ctId ?? 'ffff1'), reason: StatsReason.PERIODIC, packets: [0, 0], bytes: [0, 0], drops: 0, firstNs: 100n, lastNs: 500n,
     orig, serviceId: 1, netnsIno: 111, tcpFlags: [0, 0], ...over,
   };
 }
@@ -49,7 +50,7 @@ describe('FlowTable', () => {
     assert.equal(counters.final, true);
     assert.equal(counters.reason, 'closed');
     assert.deepEqual(t.summary().perBackend, { '10.244.1.12:8080': 1 });
-    assert.match(items[3]!.entry.summary, /un-DNAT.*rewritten to 10\.96\.0\.100:80/);
+    assert.match(eventSummary(items[3]!.event), /un-DNAT.*rewritten to 10\.96\.0\.100:80/);
   });
 
   it('counts packets only from the kernel\'s counters, and keeps a flow whose events never arrived', () => {
@@ -91,9 +92,9 @@ describe('FlowTable', () => {
       ev({ tsNs: 3n, dir: Dir.REPLY, tcpFlags: 0x14, nfHook: 0 }),
       ev({ tsNs: 4n, dir: Dir.REPLY, pkt: { saddr: '10.244.1.1', daddr: '10.244.1.1', sport: 0, dport: 0, proto: 1 }, icmpType: 3, icmpCode: 3 }),
     ]);
-    assert.match(items[0]!.entry.summary, /DROPPED \(NETFILTER_DROP\)/);
-    assert.match(items[1]!.entry.summary, /TCP RST from the backend/);
-    assert.match(items[2]!.entry.summary, /port unreachable/);
+    assert.match(eventSummary(items[0]!.event), /DROPPED \(NETFILTER_DROP\)/);
+    assert.match(eventSummary(items[1]!.event), /TCP RST from the backend/);
+    assert.match(eventSummary(items[2]!.event), /port unreachable/);
     const s = t.summary();
     assert.deepEqual(s.dropsByReason, { NETFILTER_DROP: 1 });
     assert.equal(s.resets, 1);

@@ -1,0 +1,131 @@
+/**
+ * The one-line account of an event ("DNAT @ LOCAL_OUT -99: 10.96.0.100:80 ->
+ * backend 10.244.1.12:8080"), rendered from the wire Event's fields at the
+ * edge: text timeline, `-o json`, watch, replay, pcapng comments, the
+ * dashboard. The pipeline never builds these strings: at a million events a
+ * second they were most of its cost, and most events are never shown.
+ *
+ * Pure and browser-safe (the dashboard bundles it): it reads only the Event.
+ * A rule trace carries its own summary (its account, table and masquerade
+ * mark, is not in the other fields); an Event that already has a summary
+ * (older recordings) keeps it.
+ */
+import { svctrace } from '../gen/svctrace';
+import { ctStatusNames, icmpUnreachName, IPS_CONFIRMED, IPS_DST_NAT, IPS_SRC_NAT, NF_HOOK_NAMES } from '../events/conntrack';
+
+import pb = svctrace.v1;
+
+function addr(a: string | null | undefined, port: number | null | undefined): string {
+  return `${a ?? ''}:${port ?? 0}`;
+}
+
+function tupleText(t: pb.ITuple | null | undefined): string {
+  return t ? `${addr(t.src, t.srcPort)} -> ${addr(t.dst, t.dstPort)}` : '?';
+}
+
+function hasRst(e: pb.IEvent): boolean {
+  return e.packet?.protocol === pb.Protocol.PROTOCOL_TCP && /(^|\|)RST(\||$)/.test(e.tcpFlags ?? '');
+}
+
+function statusText(c: pb.IConntrack | null | undefined): string {
+  if (!c) return '';
+  return (c.statusNames?.length ? c.statusNames : ctStatusNames(c.status ?? 0)).join(',');
+}
+
+/** The event's one-line account. */
+export function eventSummary(e: pb.IEvent): string {
+  if (e.summary) return e.summary;
+  return baseSummary(e) + tcpStateNote(e);
+}
+
+function baseSummary(e: pb.IEvent): string {
+  const kind = e.kind ?? pb.EventKind.EVENT_KIND_UNSPECIFIED;
+  const pkt = tupleText(e.packet);
+  const rst = hasRst(e);
+  if (rst && kind !== pb.EventKind.EVENT_KIND_ROUTE) {
+    return `TCP RST from the ${e.direction === pb.Direction.DIRECTION_REPLY ? 'backend' : 'client'}: ${pkt}`;
+  }
+  if (e.packet?.protocol === pb.Protocol.PROTOCOL_ICMP && e.icmpType === 3 && kind !== pb.EventKind.EVENT_KIND_ROUTE) {
+    return `ICMP destination unreachable (${icmpUnreachName(e.icmpCode ?? 0)}) sent to ${e.packet.dst ?? ''}`;
+  }
+  const flags = rst ? ' RST' : '';
+  switch (kind) {
+    case pb.EventKind.EVENT_KIND_NETFILTER:
+      return netfilterSummary(e, pkt + flags);
+    case pb.EventKind.EVENT_KIND_ROUTE: {
+      const via = e.gateway ? `via ${e.gateway} ` : '';
+      const t = e.routeTable ?? 0;
+      const table = t === 254 ? 'main' : t === 255 ? 'local' : String(t);
+      const to = e.direction === pb.Direction.DIRECTION_REPLY ? 'client' : 'backend';
+      return `route to ${to} ${e.packet?.dst ?? ''}: ${via}dev ${e.device?.name || '?'} (table ${table})`;
+    }
+    case pb.EventKind.EVENT_KIND_DEV_XMIT:
+    case pb.EventKind.EVENT_KIND_DEV_RECV: {
+      const xmit = kind === pb.EventKind.EVENT_KIND_DEV_XMIT;
+      const d = e.device ?? {};
+      const ns = d.netns || `netns:${String(d.netnsInode ?? 0)}`;
+      const linkKind = d.kind === 'vxlan' ? 'tunnel' : d.kind || 'device';
+      const where = d.podSide ? ` in ${ns}` : '';
+      const tunnel = d.kind !== 'vxlan' ? '' : xmit ? ' (VXLAN tunnel egress)' : ' (VXLAN tunnel ingress, decapsulated)';
+      return `${xmit ? 'xmit' : 'recv'} ${d.name ?? ''} (${linkKind})${where}${tunnel}: ${pkt}${flags}`;
+    }
+    case pb.EventKind.EVENT_KIND_DROP: {
+      const name = e.dropReasonName || String(e.dropReason ?? 0);
+      const at = e.device?.name ? ` at ${e.device.name}` : '';
+      const ns = e.device?.netns ? ` in ${e.device.netns}` : '';
+      return `${e.benignDrop ? 'freed' : 'DROPPED'} (${name})${at}${ns}: ${pkt}`;
+    }
+    case pb.EventKind.EVENT_KIND_CT_DESTROY: {
+      const c = e.conntrack;
+      const state = c?.original?.protocol === pb.Protocol.PROTOCOL_TCP && c.tcpState ? ` in ${c.tcpState}` : '';
+      return `conntrack entry destroyed${state} [${statusText(c)}]`;
+    }
+    case pb.EventKind.EVENT_KIND_FLOW_STATS: {
+      const n = e.counters ?? {};
+      const why = n.final ? `final, ${n.reason ?? ''}` : n.reason || 'periodic';
+      return `counters (${why}): ${String(n.packetsOriginal ?? 0)} pkts/${String(n.bytesOriginal ?? 0)} B out, ${String(n.packetsReply ?? 0)} pkts/${String(n.bytesReply ?? 0)} B back${Number(n.drops ?? 0) ? `, ${String(n.drops)} dropped` : ''}`;
+    }
+    case pb.EventKind.EVENT_KIND_RULE_TRACE:
+      return `kube-proxy rules: ${(e.rulePath ?? []).join(' -> ')}`;
+    default:
+      return `event kind ${kind}`;
+  }
+}
+
+/** A netfilter hook observation: before/after NAT, on the way in or back. */
+function netfilterSummary(e: pb.IEvent, pkt: string): string {
+  const hook = NF_HOOK_NAMES[(e.hook ?? 0) - 1] ?? `hook${(e.hook ?? 0) - 1}`;
+  const at = `@ ${hook} ${e.priority ?? 0}`;
+  const before = !e.afterNat;
+  const dnatHook = hook === 'PRE_ROUTING' || hook === 'LOCAL_OUT';
+  const original = e.direction !== pb.Direction.DIRECTION_REPLY;
+  const c = e.conntrack ?? {};
+  const status = c.status ?? 0;
+  const orig = c.original ?? {};
+  const reply = c.reply ?? {};
+  if (original && dnatHook && before) {
+    if (!(status & IPS_CONFIRMED)) return `matches ${e.service ?? ''} ${at}: ${pkt}, conntrack NEW`;
+    return `before DNAT ${at}: ${pkt} [${statusText(c)}]`;
+  }
+  if (original && dnatHook) {
+    if (status & IPS_DST_NAT) return `DNAT ${at}: ${addr(orig.dst, orig.dstPort)} -> backend ${addr(reply.src, reply.srcPort)}`;
+    return `NOT DNATed ${at}: ${pkt} still goes to the service address (no kube-proxy rule matched)`;
+  }
+  if (original && !before) {
+    const seen = addr(reply.dst, reply.dstPort);
+    return status & IPS_SRC_NAT
+      ? `MASQUERADE/SNAT ${at}: backend sees ${seen} (not the client ${addr(orig.src, orig.srcPort)})`
+      : `no SNAT ${at}: backend sees the client ${seen}`;
+  }
+  const p = e.packet ?? {};
+  if (!original && !before && p.src === orig.dst && p.srcPort === orig.dstPort) {
+    return `reply un-DNAT ${at}: source ${addr(reply.src, reply.srcPort)} rewritten to ${addr(p.src, p.srcPort)}, to ${addr(p.dst, p.dstPort)}`;
+  }
+  return `${before ? 'before' : 'after'} ${dnatHook ? 'DNAT' : 'SNAT'} ${at}: ${pkt} [${statusText(c)}]`;
+}
+
+/** Conntrack's TCP state moved with this event: " (conntrack TCP SYN_SENT -> SYN_RECV)". */
+function tcpStateNote(e: pb.IEvent): string {
+  const c = e.conntrack;
+  return c?.tcpStateBefore ? ` (conntrack TCP ${c.tcpStateBefore} -> ${c.tcpState ?? ''})` : '';
+}
