@@ -4,6 +4,7 @@
  * read it on animation frames, so a burst of events costs one render.
  */
 import { svctrace } from '../gen/svctrace';
+import { IPS_DST_NAT } from '../events/conntrack';
 
 import pb = svctrace.v1;
 
@@ -144,7 +145,7 @@ export class Store {
         f.bytes = [Number(c.bytesOriginal ?? 0), Number(c.bytesReply ?? 0)];
       }
       if (!f.client && e.conntrack?.original?.src) f.client = `${e.conntrack.original.src}:${e.conntrack.original.srcPort}`;
-      if (e.conntrack?.reply?.dst && e.conntrack.statusNames?.includes('DST_NAT')) f.seenByBackend = `${e.conntrack.reply.dst}:${e.conntrack.reply.dstPort}`;
+      if (e.conntrack?.reply?.dst && ((e.conntrack.status ?? 0) & IPS_DST_NAT) !== 0) f.seenByBackend = `${e.conntrack.reply.dst}:${e.conntrack.reply.dstPort}`;
       if (e.backend) f.backend = e.backend;
       if (e.backendNetns) f.backendNetns = e.backendNetns;
       if (e.conntrack?.tcpState) f.state = e.conntrack.tcpState;

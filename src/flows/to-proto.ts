@@ -78,7 +78,6 @@ export function toProtoEvent(e: KernelEvent, ctx: EventContext): pb.IEvent {
       original: protoTuple(e.ctOrig),
       reply: protoTuple(e.ctReply),
       status: e.ctStatus,
-      statusNames: ctStatusNames(e.ctStatus),
       tcpState: e.ctOrig.proto === 6 ? TCP_CT_STATES[e.ctTcpState] ?? String(e.ctTcpState) : '',
       mark: e.ctMark,
       zone: e.ctZone,
@@ -112,10 +111,19 @@ export function toProtoEvent(e: KernelEvent, ctx: EventContext): pb.IEvent {
   return out;
 }
 
-/** proto3 canonical JSON of an Event (what `trace -o json` prints, one per line), its summary rendered here, at the edge. */
+/**
+ * proto3 canonical JSON of an Event (what `trace -o json` prints, one per
+ * line). Its summary and conntrack status names are rendered here, at the
+ * edge: the pipeline, the stream and recordings carry the numbers only.
+ */
 export function eventToJson(ev: pb.IEvent): string {
-  const withSummary = ev.summary ? ev : { ...ev, summary: eventSummary(ev) };
-  return JSON.stringify(pb.Event.toObject(pb.Event.fromObject(withSummary), { longs: String, enums: String, bytes: String, json: true }));
+  const c = ev.conntrack;
+  const named: pb.IEvent = {
+    ...ev,
+    summary: eventSummary(ev),
+    conntrack: c && c.original && !c.statusNames?.length ? { ...c, statusNames: ctStatusNames(c.status ?? 0) } : c,
+  };
+  return JSON.stringify(pb.Event.toObject(pb.Event.fromObject(named), { longs: String, enums: String, bytes: String, json: true }));
 }
 
 /** The Flow message for a flow (for summaries and streaming). */

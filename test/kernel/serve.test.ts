@@ -3,6 +3,7 @@
  * file (protobufjs reflection) sees the DNAT, conntrack and veth events of a
  * curl to the ClusterIP within 200 ms of the request.
  */
+import { IPS_ASSURED } from '../../src/events/conntrack';
 import { after, before, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, ChildProcess } from 'node:child_process';
@@ -19,7 +20,7 @@ const PROTO = path.join(ROOT, 'src', 'proto', 'svctrace', 'v1', 'svctrace.proto'
 
 interface Received {
   at: number;
-  ev: { kind?: string; stage?: string; packet?: { dst?: string }; conntrack?: { statusNames?: string[] }; device?: { netns?: string; name?: string } };
+  ev: { kind?: string; stage?: string; packet?: { dst?: string }; conntrack?: { status?: number }; device?: { netns?: string; name?: string } };
 }
 
 describe('svctrace serve (kernel)', () => {
@@ -66,7 +67,7 @@ describe('svctrace serve (kernel)', () => {
     const pod = lab.pods.find((p) => p.name === lab.served.at(-1)!.pod)!;
     const want = () => ({
       dnat: received.find((x) => x.ev.stage === 'STAGE_DNAT' && x.ev.packet?.dst === pod.ip),
-      conntrack: received.find((x) => x.ev.conntrack?.statusNames?.includes('ASSURED')),
+      conntrack: received.find((x) => ((x.ev.conntrack?.status ?? 0) & IPS_ASSURED) !== 0),
       veth: received.find((x) => x.ev.kind === 'EVENT_KIND_DEV_RECV' && x.ev.device?.netns === pod.netns && x.ev.device?.name === 'eth0'),
     });
     await waitFor(() => Object.values(want()).every(Boolean), 1000, 5);
