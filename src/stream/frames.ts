@@ -13,29 +13,55 @@ export const PROTOCOL_VERSION = pb.ProtocolVersion.PROTOCOL_VERSION_1;
 /** An event with its encoded bytes, shared by all clients. */
 export interface EncodedEvent {
   event: pb.IEvent;
+  /** The event as one EventBatch.events field (tag, length, message): frames are concatenations of these. */
   bytes: Uint8Array;
 }
 
-export function encodeEvents(events: pb.IEvent[]): EncodedEvent[] {
-  return events.map((event) => ({ event, bytes: pb.Event.encode(event).finish() }));
-}
-
-// Field numbers from the .proto, read from the generated reflection-free code's
-// contract: ServerMessage.version = 1, ServerMessage.events = 3, EventBatch.events = 1.
+// Field numbers from the .proto: ServerMessage.version = 1,
+// ServerMessage.events = 3, EventBatch.events = 1.
 const WIRE_LEN = 2;
 const WIRE_VARINT = 0;
+const BATCH_EVENT_TAG = (1 << 3) | WIRE_LEN;
+
+/**
+ * Encodes a batch once, into one buffer: each event's bytes are a view of
+ * it (no buffer per event, no second copy to frame them).
+ */
+export function encodeEvents(events: pb.IEvent[]): EncodedEvent[] {
+  const w = protobuf.Writer.create();
+  const ends: number[] = new Array(events.length);
+  for (let i = 0; i < events.length; i++) {
+    pb.Event.encode(events[i]!, w.uint32(BATCH_EVENT_TAG).fork()).ldelim();
+    ends[i] = w.len;
+  }
+  const buf = w.finish();
+  const out: EncodedEvent[] = new Array(events.length);
+  let start = 0;
+  for (let i = 0; i < events.length; i++) {
+    out[i] = { event: events[i]!, bytes: buf.subarray(start, ends[i]) };
+    start = ends[i]!;
+  }
+  return out;
+}
 
 /** A ServerMessage{events: EventBatch{events}} frame built from pre-encoded events. */
 export function eventsFrame(events: EncodedEvent[]): Uint8Array {
-  const batch = protobuf.Writer.create();
-  for (const e of events) batch.uint32((1 << 3) | WIRE_LEN).bytes(e.bytes);
-  const batchBytes = batch.finish();
-  return protobuf.Writer.create()
+  let total = 0;
+  for (const e of events) total += e.bytes.byteLength;
+  const header = protobuf.Writer.create()
     .uint32((1 << 3) | WIRE_VARINT)
     .uint32(PROTOCOL_VERSION)
     .uint32((3 << 3) | WIRE_LEN)
-    .bytes(batchBytes)
+    .uint32(total)
     .finish();
+  const frame = new Uint8Array(header.byteLength + total);
+  frame.set(header, 0);
+  let o = header.byteLength;
+  for (const e of events) {
+    frame.set(e.bytes, o);
+    o += e.bytes.byteLength;
+  }
+  return frame;
 }
 
 export function serverFrame(body: Omit<pb.IServerMessage, 'version'>): Uint8Array {
