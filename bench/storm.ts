@@ -15,7 +15,7 @@ import { crashReason, waitUntil, withDeadline } from './common';
 
 export const CLI = path.resolve(__dirname, '..', '..', 'bin', 'svctrace.js');
 
-/** The node flags of the #! line (e.g. --max-old-space-size=256), and that heap limit in MB. */
+/** The node flags of the #! line (e.g. --max-old-space-size=128), and that heap limit in MB. */
 export function shebang(): { flags: string[]; maxOldSpaceMB: number | undefined } {
   const first = fs.readFileSync(CLI, 'utf8').split('\n')[0]!;
   const flags = (/^#!.*\bnode\b(.*)$/.exec(first)?.[1] ?? '').trim().split(/\s+/).filter(Boolean);

@@ -1,4 +1,4 @@
-#!/usr/bin/env -S node --max-old-space-size=256
+#!/usr/bin/env -S node --max-old-space-size=128
 'use strict';
 // Thin launcher: the CLI lives in src/cli (compiled to dist/).
 //

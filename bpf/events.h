@@ -30,7 +30,7 @@
  * buffer between the kernel and a busy user space: the reader stops draining
  * when JavaScript is behind, and what does not fit is counted by the kernel.
  */
-#define SVT_RINGBUF_BYTES (64 * 1024 * 1024)
+#define SVT_RINGBUF_BYTES (16 * 1024 * 1024)
 /* Default interval of the periodic per-flow counter records (ns). */
 #define SVT_STATS_INTERVAL_NS 1000000000ULL
 

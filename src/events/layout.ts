@@ -107,7 +107,7 @@ export const StatsReason = { PERIODIC: 0, CLOSED: 1, REUSED: 2, EXPIRED: 3 } as 
 export const Channel = { RING: 0, NETLINK: 1 } as const;
 
 /** Defaults the loader uses (SVT_RINGBUF_BYTES, SVT_STATS_INTERVAL_NS). */
-export const DEFAULT_RING_BUFFER_BYTES = 64 * 1024 * 1024;
+export const DEFAULT_RING_BUFFER_BYTES = 16 * 1024 * 1024;
 export const DEFAULT_STATS_INTERVAL_MS = 1000;
 
 /** Most packet bytes a record carries (SVT_MAX_SNAPLEN); with capture on every record is EVENT_CAP_SIZE long. */

@@ -51,7 +51,7 @@ const NO_EFFECTS: FlowEffects = Object.freeze({});
 
 /** A milestone reported once per flow, under `key`. */
 function once(f: Flow, key: string): { milestone: boolean; seenKey: string } {
-  return { milestone: !f.seen.has(key), seenKey: key };
+  return { milestone: !f.seen.includes(key), seenKey: key };
 }
 
 /**

@@ -18,7 +18,7 @@ import { TCP_CT_STATES } from '../events/conntrack';
 import { longFromBigint, protoTuple, toProtoEvent } from './to-proto';
 import { BENIGN_DROPS, Classification, classifyEvent, inferredRulePathSummary, rulePathOf, tcpStateLeft } from './classify';
 import { serviceLabelById } from './service-ids';
-import { endpoint, sameTuple, tupleKey } from './tuple';
+import { endpoint, flat, internKey, sameTuple, tupleKey } from './tuple';
 import type { Flow, FlowSummary, FlowTableOptions, FlowTableView, Ingested, TimelineEntry } from './types';
 
 import pb = svctrace.v1;
@@ -63,6 +63,18 @@ export class FlowTable implements FlowTableView {
 
   summary(): FlowSummary {
     return structuredClone(this.summaryCounters);
+  }
+
+  private readonly serviceLabels = new Map<number, string>();
+
+  /** One label string per service id, shared by its flows. */
+  private serviceLabel(id: number): string {
+    let l = this.serviceLabels.get(id);
+    if (l === undefined) {
+      l = flat(serviceLabelById(this.opts.services, id));
+      if (this.serviceLabels.size < 1024) this.serviceLabels.set(id, l);
+    }
+    return l;
   }
 
   dropReasonName(reason: number): string {
@@ -135,12 +147,12 @@ export class FlowTable implements FlowTableView {
 
   private newFlow(key: number | string, e: Pick<KernelEvent, 'netnsIno' | 'serviceId' | 'tsNs' | 'kind' | 'ctReply' | 'ctId'>, orig: Tuple): Flow {
     if (this.byKey.size >= this.opts.maxFlows) this.evictOldest();
-    const tupleIndexKey = `${e.netnsIno}|${tupleKey(orig)}`;
+    const tupleIndexKey = flat(`${e.netnsIno}|${tupleKey(orig)}`);
     const f: Flow = {
       id: this.nextId++,
       key,
       tupleIndexKey,
-      service: serviceLabelById(this.opts.services, e.serviceId),
+      service: this.serviceLabel(e.serviceId),
       serviceId: e.serviceId,
       proto: orig.proto,
       orig,
@@ -162,7 +174,7 @@ export class FlowTable implements FlowTableView {
       reset: false,
       icmpErrors: [],
       rulePath: [],
-      seen: new Set(),
+      seen: [],
     };
     this.byKey.set(key, f);
     this.byTuple.set(tupleIndexKey, f);
@@ -260,7 +272,7 @@ export class FlowTable implements FlowTableView {
       return this.newFlow(key, e, e.ctOrig.proto ? e.ctOrig : e.pkt);
     }
     // A packet dropped before conntrack kept an entry: a flow of its own.
-    const key = `pkt:${tupleKey(e.pkt)}`;
+    const key = flat(`pkt:${tupleKey(e.pkt)}`);
     return this.byKey.get(key) ?? this.newFlow(key, e, e.pkt);
   }
 
@@ -305,7 +317,7 @@ export class FlowTable implements FlowTableView {
 
   /** Applies what the classifier decided to the flow and the summary counters. */
   private apply(f: Flow, e: KernelEvent, c: Classification): void {
-    if (c.seenKey) f.seen.add(c.seenKey);
+    if (c.seenKey && c.milestone) f.seen.push(internKey(c.seenKey));
     const fx = c.effects;
     if (fx.reset) {
       if (!f.reset) this.summaryCounters.resets++;
@@ -335,7 +347,7 @@ export class FlowTable implements FlowTableView {
     // The backend's text is made when DNAT is first seen, not per event.
     if (!f.dnat) f.backend = undefined;
     else if (!wasDnat || !f.backend) {
-      f.backend = endpoint(e.ctReply.saddr, e.ctReply.sport);
+      f.backend = flat(endpoint(e.ctReply.saddr, e.ctReply.sport));
       if (!wasDnat) this.summaryCounters.perBackend[f.backend] = (this.summaryCounters.perBackend[f.backend] ?? 0) + 1;
     }
     // Packets and bytes are counted in the kernel (applyStats), not here:

@@ -54,8 +54,8 @@ export interface Flow {
   icmpErrors: string[];
   /** The kube-proxy chains the first packet went through (nftables trace), when observed. */
   rulePath: string[];
-  /** Milestones already reported, e.g. 'dnat', 'dev:0:veth2:123'. */
-  seen: Set<string>;
+  /** Milestones already reported, e.g. 'dnat', 'dev:0:recv:veth2:123' (a few, shared strings: a short array is smaller than a Set). */
+  seen: string[];
 }
 
 /** One event as the flow table hands it on: its flow, the wire event, and its timeline entry. */

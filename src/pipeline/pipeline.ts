@@ -47,7 +47,7 @@ export interface PipelineOptions {
   allPackets?: boolean;
   /** Packet bytes to capture per event (0 = off, the default). */
   snaplen?: number;
-  /** Size of the kernel ring buffer in bytes (a power of two; default 64 MiB): the one buffer while user space is behind. */
+  /** Size of the kernel ring buffer in bytes (a power of two; default 16 MiB): the one buffer while user space is behind. */
   ringBufferBytes?: number;
   /** How often an active flow's counters are reported (default 1000 ms). */
   statsIntervalMs?: number;

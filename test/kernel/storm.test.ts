@@ -92,6 +92,7 @@ describe('storm (kernel)', () => {
       // serve's own account of its V8 heap: the peak stayed under the limit.
       const mem = /memory: V8 heap peak (\d+) MiB of a (\d+) MiB limit/.exec(stop.stderr);
       assert.ok(mem, `no memory line in the summary:\n${tail()}`);
+      console.log(`storm: ${w.requests} requests, anonymous RSS peak ${peak.toFixed(0)} MiB (bound ${boundMB}), ${mem[0]}, ${sum.eventsLine ?? ''}`);
       assert.ok(Number(mem[1]) < Number(mem[2]), mem[0]);
     },
     { timeout: 60_000 },

@@ -16,7 +16,7 @@ function flow(over: Partial<Flow> = {}): Flow {
   return {
     id: 1, key: 'ct:ffff1', tupleIndexKey: '', service: '10.96.0.100:80/tcp', serviceId: 1, proto: 6, orig, reply, ctId: 'ffff1',
     nodeNetnsIno: 111, status: 0, tcpState: 0, dnat: false, masqueraded: false, packets: [0, 0], bytes: [0, 0], kernelDrops: 0, countersFinal: false, firstTsNs: 0n, lastTsNs: 0n,
-    closed: false, drops: [], reset: false, icmpErrors: [], rulePath: [], seen: new Set(), ...over,
+    closed: false, drops: [], reset: false, icmpErrors: [], rulePath: [], seen: [], ...over,
   };
 }
 
@@ -29,8 +29,8 @@ describe('classifyEvent (pure)', () => {
     assert.equal(c.stage, S.STAGE_MATCH);
     assert.equal(c.milestone, true);
     assert.equal(c.seenKey, 'match');
-    assert.equal(f.seen.size, 0, 'classification does not touch the flow');
-    assert.equal(classifyEvent(flow({ seen: new Set(['match']) }), ev({}), ctx).milestone, false);
+    assert.equal(f.seen.length, 0, 'classification does not touch the flow');
+    assert.equal(classifyEvent(flow({ seen: ['match'] }), ev({}), ctx).milestone, false);
   });
 
   it('DNAT, no DNAT, SNAT and the reply un-DNAT', () => {
@@ -74,7 +74,7 @@ describe('classifyEvent (pure)', () => {
     assert.equal(classifyEvent(flow({ reset: true }), ev({ tcpFlags: 0x04 }), ctx).milestone, false);
     const icmp = classifyEvent(flow(), ev({ pkt: { ...orig, proto: 1 }, icmpType: 3, icmpCode: 3 }), ctx);
     assert.deepEqual(icmp.effects, { icmpError: 'port unreachable' });
-    const again = classifyEvent(flow({ seen: new Set(['icmp:3']) }), ev({ pkt: { ...orig, proto: 1 }, icmpType: 3, icmpCode: 3 }), ctx);
+    const again = classifyEvent(flow({ seen: ['icmp:3'] }), ev({ pkt: { ...orig, proto: 1 }, icmpType: 3, icmpCode: 3 }), ctx);
     assert.deepEqual(again.effects, {});
     const destroy = classifyEvent(flow(), ev({ kind: EventKind.CT_DESTROY, ctTcpState: 7 }), ctx);
     assert.equal(destroy.stage, S.STAGE_CLOSE);
