@@ -9,11 +9,12 @@ namespace {
 // has waited kFlushAfter: events reach JS within a few ms, batches stay large.
 constexpr size_t kFlushBytes = 256 * 1024;
 constexpr auto kFlushAfter = std::chrono::milliseconds(5);
-// Batches handed to JS and not yet returned: the one JS is working on and
-// the next. With the pending one, at most (kMaxInFlight + 1) x
-// kMaxPendingBytes of records live in the addon; as soon as JS is behind,
-// records stay in the kernel's buffer.
-constexpr uint32_t kMaxInFlight = 2;
+// Batches handed to JS and not yet released: JS releases a batch on the
+// event loop's turn after handling it (ReleaseOnNextTurn), so this is also
+// the most batches handled in one turn. With the pending one, at most
+// (kMaxInFlight + 1) x kMaxPendingBytes of records live in the addon; as
+// soon as JS is behind, records stay in the kernel's buffer.
+constexpr uint32_t kMaxInFlight = 4;
 // The pending batch stops growing here: the producer stops reading.
 constexpr size_t kMaxPendingBytes = kFlushBytes;
 }  // namespace
@@ -103,9 +104,29 @@ void BatchSink::CallJs(Napi::Env env, Napi::Function fn, std::nullptr_t*, Batch*
       // so rather than unwinding into Node's thread-safe-function machinery.
       fprintf(stderr, "svctrace: batch handler threw: %s\n", e.Message().c_str());
     }
+    if (ReleaseOnNextTurn(env, batch->in_flight)) {
+      delete batch;
+      return;
+    }
   }
   batch->in_flight->Done();
   delete batch;
+}
+
+bool BatchSink::ReleaseOnNextTurn(Napi::Env env, const std::shared_ptr<InFlight>& in_flight) {
+  // The batch's slot is given back on the event loop's next turn, not now.
+  // Node drains a thread-safe function's queue in one go (up to 1000 calls),
+  // and a reader that refills it as fast as JS empties it would keep the
+  // event loop from serving anything else (/metrics, status, new clients)
+  // for seconds under load. Deferred, at most kMaxInFlight batches run per
+  // turn.
+  try {
+    auto release = Napi::Function::New(env, [in_flight](const Napi::CallbackInfo&) { in_flight->Done(); }, "svtReleaseBatch");
+    env.Global().Get("setImmediate").As<Napi::Function>().Call({release});
+    return true;
+  } catch (const Napi::Error&) {
+    return false;  // no event loop to defer to (teardown): released now
+  }
 }
 
 }  // namespace svt

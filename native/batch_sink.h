@@ -68,6 +68,7 @@ class BatchSink {
 
  private:
   static void CallJs(Napi::Env env, Napi::Function fn, std::nullptr_t*, Batch* batch);
+  static bool ReleaseOnNextTurn(Napi::Env env, const std::shared_ptr<InFlight>& in_flight);
   using Tsfn = Napi::TypedThreadSafeFunction<std::nullptr_t, Batch, CallJs>;
 
   Tsfn tsfn_;
