@@ -11,7 +11,7 @@
  * (older recordings) keeps it.
  */
 import { svctrace } from '../gen/svctrace';
-import { ctStatusNames, icmpUnreachName, IPS_CONFIRMED, IPS_DST_NAT, IPS_SRC_NAT, NF_HOOK_NAMES } from '../events/conntrack';
+import { ctStatusNames, icmpUnreachName, IPS_DST_NAT, IPS_SRC_NAT, NF_HOOK_NAMES } from '../events/conntrack';
 
 import pb = svctrace.v1;
 
@@ -92,36 +92,41 @@ function baseSummary(e: pb.IEvent): string {
   }
 }
 
-/** A netfilter hook observation: before/after NAT, on the way in or back. */
+/**
+ * A netfilter hook observation, told by the stage the flow model gave it
+ * (classify decides; this only words it).
+ */
 function netfilterSummary(e: pb.IEvent, pkt: string): string {
   const hook = NF_HOOK_NAMES[(e.hook ?? 0) - 1] ?? `hook${(e.hook ?? 0) - 1}`;
   const at = `@ ${hook} ${e.priority ?? 0}`;
-  const before = !e.afterNat;
-  const dnatHook = hook === 'PRE_ROUTING' || hook === 'LOCAL_OUT';
   const original = e.direction !== pb.Direction.DIRECTION_REPLY;
   const c = e.conntrack ?? {};
   const status = c.status ?? 0;
   const orig = c.original ?? {};
   const reply = c.reply ?? {};
-  if (original && dnatHook && before) {
-    if (!(status & IPS_CONFIRMED)) return `matches ${e.service ?? ''} ${at}: ${pkt}, conntrack NEW`;
-    return `before DNAT ${at}: ${pkt} [${statusText(c)}]`;
-  }
-  if (original && dnatHook) {
-    if (status & IPS_DST_NAT) return `DNAT ${at}: ${addr(orig.dst, orig.dstPort)} -> backend ${addr(reply.src, reply.srcPort)}`;
-    return `NOT DNATed ${at}: ${pkt} still goes to the service address (no kube-proxy rule matched)`;
-  }
-  if (original && !before) {
-    const seen = addr(reply.dst, reply.dstPort);
-    return status & IPS_SRC_NAT
-      ? `MASQUERADE/SNAT ${at}: backend sees ${seen} (not the client ${addr(orig.src, orig.srcPort)})`
-      : `no SNAT ${at}: backend sees the client ${seen}`;
-  }
   const p = e.packet ?? {};
-  if (!original && !before && p.src === orig.dst && p.srcPort === orig.dstPort) {
-    return `reply un-DNAT ${at}: source ${addr(reply.src, reply.srcPort)} rewritten to ${addr(p.src, p.srcPort)}, to ${addr(p.dst, p.dstPort)}`;
+  switch (e.stage) {
+    case pb.Stage.STAGE_MATCH:
+      return `matches ${e.service ?? ''} ${at}: ${pkt}, conntrack NEW`;
+    case pb.Stage.STAGE_ARRIVE:
+      return `before DNAT ${at}: ${pkt} [${statusText(c)}]`;
+    case pb.Stage.STAGE_DNAT:
+      if (!e.afterNat || !original) break;
+      if (status & IPS_DST_NAT) return `DNAT ${at}: ${addr(orig.dst, orig.dstPort)} -> backend ${addr(reply.src, reply.srcPort)}`;
+      return `NOT DNATed ${at}: ${pkt} still goes to the service address (no kube-proxy rule matched)`;
+    case pb.Stage.STAGE_SNAT:
+      if (!e.afterNat || !original) break;
+      return status & IPS_SRC_NAT
+        ? `MASQUERADE/SNAT ${at}: backend sees ${addr(reply.dst, reply.dstPort)} (not the client ${addr(orig.src, orig.srcPort)})`
+        : `no SNAT ${at}: backend sees the client ${addr(reply.dst, reply.dstPort)}`;
+    case pb.Stage.STAGE_REPLY:
+      if (e.afterNat && p.src === orig.dst && p.srcPort === orig.dstPort) {
+        return `reply un-DNAT ${at}: source ${addr(reply.src, reply.srcPort)} rewritten to ${addr(p.src, p.srcPort)}, to ${addr(p.dst, p.dstPort)}`;
+      }
+      break;
   }
-  return `${before ? 'before' : 'after'} ${dnatHook ? 'DNAT' : 'SNAT'} ${at}: ${pkt} [${statusText(c)}]`;
+  const nat = hook === 'PRE_ROUTING' || hook === 'LOCAL_OUT' ? 'DNAT' : 'SNAT';
+  return `${e.afterNat ? 'after' : 'before'} ${nat} ${at}: ${pkt} [${statusText(c)}]`;
 }
 
 /** Conntrack's TCP state moved with this event: " (conntrack TCP SYN_SENT -> SYN_RECV)". */
