@@ -350,6 +350,16 @@ static __always_inline __u32 seen_bit(__u8 hook, __u8 stage, __u8 dir)
  * or, when the packet is of an established traced flow and quiet (state
  * record present, entry confirmed, not a TCP reset nor ICMP), the flow's
  * seen bits after the full check (bits 0-19); 0 otherwise.
+ *
+ * What a stale word can cost: a packet whose full check ran on another CPU
+ * (process context migrated between LOCAL_OUT and POST_ROUTING) meeting the
+ * word an earlier packet left here with the same sk_buff and nf_conn
+ * addresses (or a 32-bit hash collision with it) skips its later hooks as
+ * that packet did. Seen bits in a word are set in the map too, so no first
+ * packet at a hook is lost that way (unless the record was meanwhile
+ * expired and made anew, or the nf_conn address was meanwhile freed and
+ * reused by a new entry); at worst a reset or ICMP packet is reported at
+ * its counting hook and not again at the hooks after it.
  */
 #define SVT_PKT_UNTRACED (1U << 31)
 
@@ -360,7 +370,9 @@ static __always_inline __u32 pkt_hash(struct ct_verdict *cv, struct sk_buff *skb
 	/* The verifier allows no arithmetic on a trusted pointer; stored into
 	 * a map value it reads back as a number (volatile: not optimised away).
 	 * Should another program on this CPU overwrite it in between, the hash
-	 * is only wrong for this packet, which then gets its full check. */
+	 * names the other program's packet with this one's entry: it matches
+	 * no later hook of this packet (which then gets its full check), and
+	 * the other packet only if it is of the same entry. */
 	*(volatile __u64 *)&cv->skb_addr = (__u64)skb;
 	x = *(volatile __u64 *)&cv->skb_addr;
 	x = (x * 0x9E3779B97F4A7C15ULL) ^ ((__u64)ct * 0xC2B2AE3D27D4EB4FULL) ^ svt_services_gen;
