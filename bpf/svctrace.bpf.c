@@ -117,7 +117,7 @@ static __always_inline __u32 *service_lookup(__u32 addr, __u16 port, __u8 proto)
  * hash lookup.
  *
  * `pkt` speaks for the last packet that had a full check on this CPU (see
- * pkt_word()). A packet's netfilter hooks in a namespace run one after the
+ * remember_packet()). A packet's netfilter hooks in a namespace run one after the
  * other on one CPU, the first of them being the counting hook (PRE_ROUTING /
  * LOCAL_OUT before DNAT), which always does the full check; the hooks after
  * it recognise the same packet and, when the full check found nothing that
@@ -127,7 +127,7 @@ struct ct_verdict {
 	__u64 ct;         /* key of the verdict: ct_cache_key() */
 	__u32 service_id; /* 0: not traced */
 	__u32 _pad;
-	__u64 pkt;        /* pkt_word() of the last packet fully checked here */
+	__u64 pkt;        /* remember_packet() of the last packet fully checked here */
 	__u64 skb_addr;   /* scratch: see pkt_hash() */
 };
 
