@@ -114,12 +114,21 @@ static __always_inline __u32 *service_lookup(__u32 addr, __u16 port, __u8 proto)
  * The last conntrack entry each CPU looked up, with its answer: a packet
  * meets four of our netfilter programs, and a connection's packets mostly
  * stay on one CPU, so most lookups (untraced ones too) end here with no
- * tuple reads and no hash lookup.
+ * hash lookup.
+ *
+ * `pkt` speaks for the last packet that had a full check on this CPU (see
+ * remember_packet()). A packet's netfilter hooks in a namespace run one after the
+ * other on one CPU, the first of them being the counting hook (PRE_ROUTING /
+ * LOCAL_OUT before DNAT), which always does the full check; the hooks after
+ * it recognise the same packet and, when the full check found nothing that
+ * a later hook could report, return at once.
  */
 struct ct_verdict {
-	__u64 ct;
+	__u64 ct;         /* key of the verdict: ct_cache_key() */
 	__u32 service_id; /* 0: not traced */
 	__u32 _pad;
+	__u64 pkt;        /* remember_packet() of the last packet fully checked here */
+	__u64 skb_addr;   /* scratch: see pkt_hash() */
 };
 
 struct {
@@ -139,18 +148,20 @@ static __always_inline __u32 *service_of_ct_uncached(struct nf_conn *ct)
 			      BPF_CORE_READ(ct, tuplehash[IP_CT_DIR_ORIGINAL].tuple.dst.protonum));
 }
 
-/* The traced service id of a conntrack entry whose original tuple is
- * `orig`, 0 when it is not traced. */
-static __always_inline __u32 service_id_of_ct(struct nf_conn *ct, const struct svt_tuple *orig)
+/* The cache key of a conntrack entry whose original tuple is `orig`. nf_conn
+ * memory is reused (SLAB_TYPESAFE_BY_RCU): the client address and port tell
+ * a new entry at an old address apart, and the selection's generation keeps
+ * a cached "not traced" from outliving a change of it. */
+static __always_inline __u64 ct_cache_key(struct nf_conn *ct, const struct svt_tuple *orig)
 {
-	__u32 zero = 0, *svc;
-	struct ct_verdict *c = bpf_map_lookup_elem(&svt_ct_cache, &zero);
-	__u64 key;
+	return (__u64)ct ^ ((__u64)orig->saddr << 16) ^ ((__u64)orig->sport << 48) ^ ((__u64)svt_services_gen << 56);
+}
 
-	/* nf_conn memory is reused (SLAB_TYPESAFE_BY_RCU): the client address
-	 * and port tell a new entry at an old address apart, and the selection's
-	 * generation keeps a cached "not traced" from outliving a change of it. */
-	key = (__u64)ct ^ ((__u64)orig->saddr << 16) ^ ((__u64)orig->sport << 48) ^ ((__u64)svt_services_gen << 56);
+/* The traced service id of a conntrack entry (0 when it is not traced),
+ * through this CPU's cache slot `c` (may be NULL). */
+static __always_inline __u32 service_id_of_ct(struct ct_verdict *c, __u64 key, const struct svt_tuple *orig)
+{
+	__u32 *svc;
 
 	if (c && c->ct == key)
 		return c->service_id;
@@ -162,7 +173,10 @@ static __always_inline __u32 service_id_of_ct(struct nf_conn *ct, const struct s
 	return svc ? *svc : 0;
 }
 
-/* The original-direction tuple of an entry, in one read. */
+/* The original-direction tuple of an entry, in one read. (nf_conn is read
+ * with helpers, not through a BTF cast: its type may live in the
+ * nf_conntrack module's BTF, and vmlinux also has a nf_conn___init that
+ * makes a CO-RE type id ambiguous.) */
 static __always_inline int read_ct_orig(struct svt_tuple *t, struct nf_conn *ct)
 {
 	struct nf_conntrack_tuple kt;
@@ -211,7 +225,8 @@ static __always_inline void emit_flow_stats(__u64 ct_id, struct svt_flow_counter
  * entry gets no new state (its packets were all counted already).
  */
 static __always_inline struct svt_flow_counters *flow_state_of(struct nf_conn *ct, const struct svt_tuple *orig,
-								__u32 status, __u32 svc, __u32 netns_ino, __u64 now)
+								__u32 status, __u32 svc, const struct nf_hook_state *state,
+								__u64 now)
 {
 	__u64 key = (__u64)ct;
 	struct svt_flow_counters *st = bpf_map_lookup_elem(&svt_flow_state, &key);
@@ -228,7 +243,7 @@ static __always_inline struct svt_flow_counters *flow_state_of(struct nf_conn *c
 	init.last_ns = now;
 	init.last_report_ns = now;
 	init.service_id = svc;
-	init.netns_ino = netns_ino;
+	init.netns_ino = BPF_CORE_READ(state, net, ns.inum); /* read only when a state is made */
 	init.last_tcp_state = 0xff; /* nothing reported yet */
 	if (bpf_map_update_elem(&svt_flow_state, &key, &init, BPF_ANY)) {
 		svt_count(SVT_CNT_STATE_FULL);
@@ -300,16 +315,22 @@ struct pkt_facts {
 	__u8 tcp_flags;
 };
 
+/* Plain loads through a BTF view of the header (bpf_core_cast: a faulting
+ * address reads as 0, like a failed bpf_probe_read_kernel), instead of two
+ * helper calls: this runs for every packet of every traced flow. The TCP
+ * flags are the second byte of the header's fourth 32-bit word. */
 static __always_inline void read_facts(struct pkt_facts *f, unsigned char *nh)
 {
-	struct iphdr iph;
-	__u8 l4[14];
+	struct iphdr *iph = bpf_core_cast(nh, struct iphdr);
+	union tcp_word_hdr *th;
 
-	if (bpf_probe_read_kernel(&iph, sizeof(iph), nh) || iph.version != 4)
+	if (BPF_CORE_READ_BITFIELD(iph, version) != 4)
 		return;
-	f->proto = iph.protocol;
-	if (iph.protocol == IPPROTO_TCP && !bpf_probe_read_kernel(l4, sizeof(l4), nh + iph.ihl * 4))
-		f->tcp_flags = l4[13];
+	f->proto = iph->protocol;
+	if (f->proto != IPPROTO_TCP)
+		return;
+	th = bpf_core_cast(nh + BPF_CORE_READ_BITFIELD(iph, ihl) * 4, union tcp_word_hdr);
+	f->tcp_flags = (bpf_ntohl(th->words[3]) >> 16) & 0xff;
 }
 
 /* Bit of svt_flow_counters.seen for one (hook, NAT stage, direction). */
@@ -318,58 +339,145 @@ static __always_inline __u32 seen_bit(__u8 hook, __u8 stage, __u8 dir)
 	return 1U << ((hook & 7) * 4 + stage * 2 + dir);
 }
 
+/*
+ * What the hooks after a packet's full check need to know about it, in one
+ * 64-bit word, written and read with single stores and loads: a program on
+ * this CPU can be interrupted or preempted by another one using the same
+ * slot (LOCAL_OUT runs in process context), and a word is never half
+ * written. High half: a hash of the packet (its sk_buff and nf_conn
+ * addresses; the skb holds a reference on its nf_conn, so that is the same
+ * entry) and of the service selection's generation. Low half: SVT_PKT_UNTRACED,
+ * or, when the packet is of an established traced flow and quiet (state
+ * record present, entry confirmed, not a TCP reset nor ICMP), the flow's
+ * seen bits after the full check (bits 0-19); 0 otherwise.
+ *
+ * What a stale word can cost: a packet whose full check ran on another CPU
+ * (process context migrated between LOCAL_OUT and POST_ROUTING) meeting the
+ * word an earlier packet left here with the same sk_buff and nf_conn
+ * addresses (or a 32-bit hash collision with it) skips its later hooks as
+ * that packet did. Seen bits in a word are set in the map too, so no first
+ * packet at a hook is lost that way (unless the record was meanwhile
+ * expired and made anew, or the nf_conn address was meanwhile freed and
+ * reused by a new entry); at worst a reset or ICMP packet is reported at
+ * its counting hook and not again at the hooks after it.
+ */
+#define SVT_PKT_UNTRACED (1U << 31)
+
+static __always_inline __u32 pkt_hash(struct ct_verdict *cv, struct sk_buff *skb, struct nf_conn *ct)
+{
+	__u64 x;
+
+	/* The verifier allows no arithmetic on a trusted pointer; stored into
+	 * a map value it reads back as a number (volatile: not optimised away).
+	 * Should another program on this CPU overwrite it in between, the hash
+	 * names the other program's packet with this one's entry: it matches
+	 * no later hook of this packet (which then gets its full check), and
+	 * the other packet only if it is of the same entry. */
+	*(volatile __u64 *)&cv->skb_addr = (__u64)skb;
+	x = *(volatile __u64 *)&cv->skb_addr;
+	x = (x * 0x9E3779B97F4A7C15ULL) ^ ((__u64)ct * 0xC2B2AE3D27D4EB4FULL) ^ svt_services_gen;
+	return (__u32)(x >> 32) ^ (__u32)x;
+}
+
+static __always_inline void remember_packet(struct ct_verdict *cv, __u32 h, __u32 low)
+{
+	if (cv)
+		cv->pkt = ((__u64)h << 32) | low;
+}
+
 static __always_inline int observe_nf(struct bpf_nf_ctx *ctx, __u8 stage)
 {
 	const struct nf_hook_state *state = ctx->state;
-	struct sk_buff *skb = ctx->skb;
+	struct sk_buff *skb = ctx->skb; /* trusted BTF pointers: plain loads */
 	struct svt_flow_counters *st;
 	struct pkt_facts facts = {};
 	struct svt_tuple orig = {};
+	struct ct_verdict *cv;
 	struct net_device *dev;
 	struct svt_event *e;
 	struct nf_conn *ct;
+	unsigned long nfct;
 	unsigned char *nh;
-	__u32 svc, status, bit;
+	__u32 svc, status, bit, h, zero = 0;
 	__u8 hook, dir, ctinfo, tcp_state = 0;
 	bool counting, emit, first;
-	__u64 now;
+	__u64 now, pkt;
 
-	ct = ct_of_skb(skb);
-	if (!ct || read_ct_orig(&orig, ct))
+	nfct = skb->_nfct;
+	ct = (struct nf_conn *)(nfct & ~SVT_NFCT_INFOMASK);
+	if (!ct)
 		return NF_ACCEPT;
-	svc = service_id_of_ct(ct, &orig);
-	if (!svc)
-		return NF_ACCEPT;
-
-	now = bpf_ktime_get_ns();
-	hook = BPF_CORE_READ(state, hook);
-	ctinfo = BPF_CORE_READ(skb, _nfct) & SVT_NFCT_INFOMASK;
+	hook = state->hook;
+	ctinfo = nfct & SVT_NFCT_INFOMASK;
 	dir = ctinfo >= IP_CT_IS_REPLY ? SVT_DIR_REPLY : SVT_DIR_ORIGINAL;
-	status = BPF_CORE_READ(ct, status);
-	if (orig.proto == IPPROTO_TCP)
-		tcp_state = BPF_CORE_READ(ct, proto.tcp.state);
-	nh = BPF_CORE_READ(skb, head) + BPF_CORE_READ(skb, network_header);
-	read_facts(&facts, nh);
 	/* Every packet of the entry crosses exactly one of PRE_ROUTING /
 	 * LOCAL_OUT in this namespace, after conntrack: count it there. ICMP
 	 * errors about the flow (RELATED) are reported, not counted: conntrack
 	 * accounting does not count them either. */
 	counting = stage == SVT_STAGE_BEFORE_NAT && (hook == NF_INET_PRE_ROUTING || hook == NF_INET_LOCAL_OUT) &&
 		   ctinfo != IP_CT_RELATED && ctinfo != IP_CT_RELATED_REPLY;
+	bit = seen_bit(hook, stage, dir);
 
-	st = flow_state_of(ct, &orig, status, svc, BPF_CORE_READ(state, net, ns.inum), now);
+	cv = bpf_map_lookup_elem(&svt_ct_cache, &zero);
+	if (!cv)
+		return NF_ACCEPT; /* cannot happen: a one-entry array */
+	h = pkt_hash(cv, skb, ct);
+	/*
+	 * A hook after the full check of this same packet. Untraced: done.
+	 * Established and quiet, this hook and direction already reported:
+	 * nothing to count, nothing to report, so no read of the entry, no
+	 * svt_flow_state lookup, no clock. Status and TCP state are not read
+	 * again: the full check (microseconds ago, on this CPU) found them as
+	 * last reported, and for a confirmed entry they change in conntrack's
+	 * own hook (before the counting hook, which reports the change) or on
+	 * another CPU for another packet, whose counting hook reports it. NAT
+	 * sets its status bits on the first packet only, which never takes
+	 * this path (the entry is confirmed after the last hook of its first
+	 * packet). The seen bits copied here can only be behind the map's
+	 * (they only grow): a missing one sends the packet to the full check.
+	 */
+	if (!counting) {
+		pkt = cv->pkt;
+		if ((__u32)(pkt >> 32) == h) {
+			if (pkt & SVT_PKT_UNTRACED)
+				return NF_ACCEPT;
+			if ((pkt & bit) && !targ_all_packets)
+				return NF_ACCEPT;
+		}
+	}
+
+	/* The full check. */
+	if (read_ct_orig(&orig, ct))
+		return NF_ACCEPT;
+	svc = service_id_of_ct(cv, ct_cache_key(ct, &orig), &orig);
+	if (!svc) {
+		remember_packet(cv, h, SVT_PKT_UNTRACED);
+		return NF_ACCEPT;
+	}
+	status = BPF_CORE_READ(ct, status);
+	if (orig.proto == IPPROTO_TCP)
+		tcp_state = BPF_CORE_READ(ct, proto.tcp.state);
+	nh = skb->head + skb->network_header;
+	read_facts(&facts, nh);
+
+	now = bpf_ktime_get_ns();
+	st = flow_state_of(ct, &orig, status, svc, state, now);
 	emit = targ_all_packets;
 	if (st) {
 		if (counting) {
+			/* Atomic: packets of one direction can cross this hook on
+			 * two CPUs at once (a sender's data and its ACKs sent from
+			 * softirq), and the counters must stay exact. */
 			__sync_fetch_and_add(&st->packets[dir & 1], 1);
-			__sync_fetch_and_add(&st->bytes[dir & 1], BPF_CORE_READ(skb, len));
+			__sync_fetch_and_add(&st->bytes[dir & 1], skb->len);
 			st->last_ns = now;
 			st->tcp_flags[dir & 1] |= facts.tcp_flags;
 			svt_count(SVT_CNT_PACKETS);
 		}
-		bit = seen_bit(hook, stage, dir);
 		/* Reporting state, not counters: a race between CPUs costs at
-		 * most one duplicate event, so plain stores are enough. */
+		 * most one duplicate event, so plain stores are enough. Each is
+		 * written only when it changes: a store to the shared record on
+		 * every packet would bounce its cache line between CPUs. */
 		if (!(st->seen & bit)) {
 			st->seen |= bit;
 			emit = true;
@@ -385,6 +493,9 @@ static __always_inline int observe_nf(struct bpf_nf_ctx *ctx, __u8 stage)
 	} else if (!(status & IPS_CONFIRMED)) {
 		emit = true; /* no state to remember it by (map full): report the first packet anyway */
 	}
+	remember_packet(cv, h,
+			st && (status & IPS_CONFIRMED) && !(facts.tcp_flags & TCP_RST) && facts.proto != IPPROTO_ICMP ?
+				st->seen & 0xfffff : 0);
 	/* SYN retries (the client waiting on an answer) at the counting point;
 	 * resets and ICMP errors about the flow everywhere. */
 	if ((facts.tcp_flags & TCP_SYN) && counting)
@@ -457,37 +568,38 @@ static __always_inline struct svt_flow_ref *flow_of_packet(unsigned char *nh, st
  * protocols the first packet each way (at most one more per device on the
  * reply side, which crosses the pod's devices before it is counted).
  */
-static __always_inline bool crossing_is_transition(struct svt_flow_ref *ref, unsigned char *nh)
+static __always_inline int observe_dev(struct sk_buff *skb, __u16 kind)
 {
 	struct svt_flow_counters *st;
 	struct pkt_facts facts = {};
-	__u64 key = ref->ct_id;
-
-	read_facts(&facts, nh);
-	if (facts.proto == IPPROTO_TCP)
-		return facts.tcp_flags & (TCP_SYN | TCP_RST);
-	st = bpf_map_lookup_elem(&svt_flow_state, &key);
-	return st && st->packets[ref->dir & 1] <= 1;
-}
-
-static __always_inline int observe_dev(struct sk_buff *skb, __u16 kind)
-{
 	struct svt_flow_ref *ref;
 	struct svt_tuple t = {};
 	struct svt_event *e;
 	unsigned char *nh;
+	__u64 key;
 
-	if (!svt_active_flows || BPF_CORE_READ(skb, protocol) != bpf_htons(ETH_P_IP))
+	if (!svt_active_flows || skb->protocol != bpf_htons(ETH_P_IP))
 		return 0;
 	/* On receive the network header offset is reset only after this
 	 * tracepoint; skb->data already points at the IP header. */
-	nh = kind == SVT_EV_DEV_RECV ? BPF_CORE_READ(skb, data) :
-				       BPF_CORE_READ(skb, head) + BPF_CORE_READ(skb, network_header);
+	nh = kind == SVT_EV_DEV_RECV ? skb->data : skb->head + skb->network_header;
+	/* The packet's own facts first, in plain loads: a TCP segment without
+	 * SYN or RST is never a transition here, whichever flow it is of, so
+	 * an established connection's packets stop before the flow lookup. */
+	read_facts(&facts, nh);
+	if (!facts.proto)
+		return 0;
+	if (!targ_all_packets && facts.proto == IPPROTO_TCP && !(facts.tcp_flags & (TCP_SYN | TCP_RST)))
+		return 0;
 	ref = flow_of_packet(nh, &t);
 	if (!ref)
 		return 0;
-	if (!targ_all_packets && !crossing_is_transition(ref, nh))
-		return 0;
+	if (!targ_all_packets && facts.proto != IPPROTO_TCP) {
+		key = ref->ct_id;
+		st = bpf_map_lookup_elem(&svt_flow_state, &key);
+		if (!st || st->packets[ref->dir & 1] > 1)
+			return 0;
+	}
 	e = svt_reserve(kind);
 	if (!e)
 		return 0;
