@@ -52,6 +52,10 @@ export async function benchKernelCost(opts: { quick: boolean }): Promise<object>
     traced: { requests: 0, progs: new Map() },
     other: { requests: 0, progs: new Map() },
   };
+  // Restored however the run ends: the benchmark runner stops a child that
+  // runs out of time with SIGTERM and process.exit, which skips `finally`.
+  const restore = () => fs.writeFileSync(STATS_SYSCTL, before);
+  process.once('exit', restore);
   try {
     fs.writeFileSync(STATS_SYSCTL, '1');
     for (let r = 0; r < rounds; r++) {
@@ -65,6 +69,7 @@ export async function benchKernelCost(opts: { quick: boolean }): Promise<object>
           const out = await runIn(lab.clientNetns, ['wrk', '-t1', '-c16', `-d${seconds}s`, 'http://10.96.0.100/'], { timeoutMs: (seconds + 30) * 1000 });
           const b = ourPrograms(ids);
           const w = parseWrk(out.stdout);
+          if (!(w.requests > 0)) throw new Error(`wrk made no requests (${mode}): ${out.stderr.trim() || out.stdout.trim()}`);
           totals[mode].requests += w.requests;
           for (const [name, after] of b) {
             const t = totals[mode].progs.get(name) ?? { ns: 0, runs: 0 };
@@ -79,7 +84,8 @@ export async function benchKernelCost(opts: { quick: boolean }): Promise<object>
       }
     }
   } finally {
-    fs.writeFileSync(STATS_SYSCTL, before);
+    restore();
+    process.removeListener('exit', restore);
     await lab.down();
   }
   const result: Record<string, unknown> = { seconds, rounds };

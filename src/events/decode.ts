@@ -127,9 +127,11 @@ function readTuple(dv: DataView, b: Uint8Array, o: number): Tuple {
 
 /**
  * An nf_conn address as a map key. Kernel pointers do not fit a double's 53
- * bits, but on one machine the top bits of slab addresses are constant: the
- * key keeps bits 0-52. The hex text is cached per key and checked against
- * the whole address, so an unexpected layout costs a string, never a wrong id.
+ * bits; the key keeps bits 0-52. Two addresses that differ only in bits
+ * 53-63 would share a key: slab objects of one machine do not (the x86-64
+ * and arm64 direct maps span far less than 2^53 bytes). The hex text cached
+ * per key is checked against the whole address, so the id shown is always
+ * the address's own.
  */
 function ctKeyAt(dv: DataView, o: number): number {
   return (dv.getUint32(o + 4, true) & 0x1fffff) * 0x100000000 + dv.getUint32(o, true);

@@ -344,10 +344,15 @@ export class FlowTable implements FlowTableView {
     const wasDnat = f.dnat;
     f.dnat = (e.ctStatus & IPS_DST_NAT) !== 0;
     f.masqueraded = (e.ctStatus & IPS_SRC_NAT) !== 0;
-    // The backend's text is made when DNAT is first seen, not per event.
-    if (!f.dnat) f.backend = undefined;
-    else if (!wasDnat || !f.backend) {
-      f.backend = flat(endpoint(e.ctReply.saddr, e.ctReply.sport));
+    // The backend's text is made when DNAT is first seen, or when the reply
+    // tuple under the same flow changed (a new entry at the same address
+    // whose first events were lost), not per event.
+    if (!f.dnat) {
+      f.backend = f.backendOf = undefined;
+    } else {
+      const was = f.backendOf;
+      if (!f.backend || !was || was.saddr !== e.ctReply.saddr || was.sport !== e.ctReply.sport) f.backend = flat(endpoint(e.ctReply.saddr, e.ctReply.sport));
+      f.backendOf = e.ctReply;
       if (!wasDnat) this.summaryCounters.perBackend[f.backend] = (this.summaryCounters.perBackend[f.backend] ?? 0) + 1;
     }
     // Packets and bytes are counted in the kernel (applyStats), not here:

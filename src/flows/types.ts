@@ -33,6 +33,8 @@ export interface Flow {
   nodeNetnsIno: number;
   /** The backend "ip:port" once DNAT is known (made once, put on every event). */
   backend?: string;
+  /** The reply tuple `backend` was made from. */
+  backendOf?: Tuple;
   backendNetns?: string;
   status: number;
   tcpState: number;

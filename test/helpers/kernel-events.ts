@@ -16,7 +16,7 @@ export function ev(over: Partial<KernelEvent>): KernelEvent {
   };
 }
 
-/** The decoder's numeric key for a hex nf_conn address ('' -> 0), as ctKeyAt computes it for small addresses. */
+/** The decoder's numeric key for a hex nf_conn address ('' -> 0): its bits 0-52, as decode's ctKeyAt keeps them. */
 export function ctKeyOf(ctId: string): number {
-  return ctId ? parseInt(ctId, 16) : 0;
+  return ctId ? Number(BigInt(`0x${ctId}`) & ((1n << 53n) - 1n)) : 0;
 }

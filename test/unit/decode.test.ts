@@ -1,3 +1,4 @@
+import { ctKeyOf } from '../helpers/kernel-events';
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { decodeBatch, DecodeError } from '../../src/events/decode';
@@ -27,12 +28,31 @@ function record(over: { kind?: number; size?: number; daddr?: number[]; dport?: 
 }
 
 describe('decodeBatch', () => {
+  it('nf_conn addresses: distinct addresses get distinct keys and their own hex; no address, key 0', () => {
+    const at = (addr: bigint) => {
+      const b = record();
+      b.writeBigUInt64LE(addr, F.ct_id[0]);
+      return decodeBatch(b).events[0]!;
+    };
+    const a = at(0xffff888812345678n);
+    const b = at(0xffff888912345678n); // same low word, other high word
+    const c = at(0xffff888812345678n);
+    assert.notEqual(a.ctKey, b.ctKey);
+    assert.equal(a.ctKey, c.ctKey);
+    assert.equal(b.ctId, 'ffff888912345678');
+    assert.equal(c.ctId, 'ffff888812345678', 'the cached text is the address\'s own');
+    const none = at(0n);
+    assert.equal(none.ctKey, 0);
+    assert.equal(none.ctId, '');
+  });
+
   it('decodes addresses, ports (network order) and host-order fields', () => {
     const [e] = decodeBatch(record()).events;
     assert.ok(e);
     assert.equal(e.kind, EventKind.NF);
     assert.equal(e.tsNs, 123456789n);
     assert.equal(e.ctId, 'ffff888812345678');
+    assert.equal(e.ctKey, ctKeyOf('ffff888812345678'), 'the map key is the address\'s bits 0-52');
     assert.deepEqual(e.pkt, { saddr: '10.244.1.1', daddr: '10.96.0.100', sport: 45278, dport: 80, proto: 6 });
     assert.equal(e.nfPriority, -101);
     assert.equal(e.nfHook, 3);

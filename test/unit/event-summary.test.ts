@@ -88,9 +88,14 @@ describe('eventSummary (rendered at the edge)', () => {
     assert.equal(eventSummary({ kind: pb.EventKind.EVENT_KIND_RULE_TRACE, summary: 'kube-proxy rules taken: X' }), 'kube-proxy rules taken: X');
   });
 
-  it('JSON lines carry the rendered summary', () => {
+  it('JSON lines carry the rendered summary and status names; the wire event carries neither', () => {
     const t = new FlowTable({ services: [parseServiceSpec('10.96.0.100:80')] });
-    const [i] = t.ingest([ev({ tsNs: 1n })]);
-    assert.match(JSON.parse(eventToJson(i!.event)).summary, /^matches 10\.96\.0\.100:80\/tcp/);
+    const [i] = t.ingest([ev({ tsNs: 1n, ctStatus: IPS_CONFIRMED | IPS_DST_NAT | 0x6 })]);
+    assert.equal(i!.event.conntrack!.statusNames, undefined);
+    const json = JSON.parse(eventToJson(i!.event)) as { summary: string; conntrack: { statusNames: string[] } };
+    assert.match(json.summary, /^before DNAT @ LOCAL_OUT -101: .*\[SEEN_REPLY,ASSURED,CONFIRMED,DST_NAT\]$/);
+    assert.deepEqual(json.conntrack.statusNames, ['SEEN_REPLY', 'ASSURED', 'CONFIRMED', 'DST_NAT']);
+    // The same account after the binary round trip a stream client makes.
+    assert.equal(eventSummary(pb.Event.decode(pb.Event.encode(i!.event).finish())), json.summary);
   });
 });

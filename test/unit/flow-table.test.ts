@@ -113,4 +113,14 @@ describe('FlowTable', () => {
     for (let i = 0; i < 10; i++) t.ingest([ev({ ctId: `c${i}`, tsNs: BigInt(i), pkt: { ...orig, sport: i + 1 }, ctOrig: { ...orig, sport: i + 1 } })]);
     assert.equal(t.size, 3);
   });
+
+  it('the backend on events follows the entry\'s reply tuple when a new entry takes over a flow', () => {
+    const t = table();
+    const first = t.ingest([ev({ tsNs: 1n, nfStage: NfStage.AFTER_NAT, nfPriority: -99, ctStatus: IPS_DST_NAT })]);
+    assert.equal(first[0]!.event.backend, '10.244.1.12:8080');
+    const other: Tuple = { saddr: '10.244.2.7', daddr: '10.244.1.1', sport: 8080, dport: 40000, proto: 6 };
+    const [i] = t.ingest([ev({ tsNs: 2n, nfStage: NfStage.AFTER_NAT, nfPriority: -99, ctStatus: IPS_DST_NAT | IPS_CONFIRMED, ctReply: other })]);
+    assert.equal(i!.flow, first[0]!.flow);
+    assert.equal(i!.event.backend, '10.244.2.7:8080');
+  });
 });
