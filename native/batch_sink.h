@@ -28,6 +28,10 @@ struct InFlight {
   std::condition_variable cv;
   uint32_t count = 0;
   void Done();
+  // Touched on the JS thread only: when JS started handling batches without
+  // the event loop turning in between (see BatchSink::CallJs).
+  bool in_turn = false;
+  std::chrono::steady_clock::time_point turn_start;
 };
 
 // Which source a batch comes from, passed to JS as the callback's third
