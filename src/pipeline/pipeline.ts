@@ -231,8 +231,9 @@ export class Pipeline {
       lostByStage: () => this.losses(),
       activeFlows: () => this.table.size,
       dropsByReason: () => this.table.summary().dropsByReason,
-      takeChangedFlows: () => {
-        const out: svctrace.v1.IFlow[] = [...changed.values()].map(flowToProto);
+      takeChangedFlows: (wanted) => {
+        // Thousands of flows change per second in a storm: their messages are built only for a client that asked.
+        const out: svctrace.v1.IFlow[] = wanted ? [...changed.values()].map(flowToProto) : [];
         changed.clear();
         return out;
       },

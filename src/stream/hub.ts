@@ -25,8 +25,8 @@ export interface HubSource {
   lostByStage?(): Record<string, number>;
   activeFlows(): number;
   dropsByReason(): Record<string, number>;
-  /** Flows changed since the last call. */
-  takeChangedFlows?(): pb.IFlow[];
+  /** Flows changed since the last call; `wanted` false: forget them without building messages (no client wants flows). */
+  takeChangedFlows?(wanted: boolean): pb.IFlow[];
   /** What the kube-proxy rules say about the traced services (sent in Hello). */
   rules?: pb.IServiceRules[];
 }
@@ -119,10 +119,11 @@ export class Hub {
   }
 
   private sendFlows(): void {
-    const changed = this.source.takeChangedFlows?.() ?? [];
+    const wanting = [...this.clients].filter((c) => c.wantsFlows && !c.paused);
+    const changed = this.source.takeChangedFlows?.(wanting.length > 0) ?? [];
     if (!changed.length) return;
     const frame = serverFrame({ flows: { flows: changed } });
-    for (const c of this.clients) if (c.wantsFlows && !c.paused) c.sendControl(frame);
+    for (const c of wanting) c.sendControl(frame);
   }
 
   /** Sends diagnoses (classic failures seen live) to every client. */
