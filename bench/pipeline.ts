@@ -44,7 +44,7 @@ function lostTotal(s: StageResult): number {
   return s.lost.ringbuf + s.lost.reader + s.lost.hubClient + s.unaccounted;
 }
 
-async function runStage(stage: Stage, total: number): Promise<StageResult> {
+export async function runStage(stage: Stage, total: number): Promise<StageResult> {
   const binding = loadBinding();
   const tracer: NativeTracer = new binding.Tracer({ benchSource: true });
   const table = new FlowTable({ services: [parseServiceSpec('10.96.0.100:80')] });

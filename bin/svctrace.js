@@ -1,4 +1,4 @@
-#!/usr/bin/env -S node --max-old-space-size=128
+#!/usr/bin/env -S node --max-old-space-size=128 --max-semi-space-size=8 --heap-growing-percent=30
 'use strict';
 // Thin launcher: the CLI lives in src/cli (compiled to dist/).
 //

@@ -1,8 +1,13 @@
 #include "ring_reader.h"
 
 #include <linux/types.h>
-#include <bpf/libbpf.h>
+#include <linux/bpf.h>
+#include <bpf/bpf.h>
 #include <errno.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "errors.h"
 #include "events.h"
@@ -13,9 +18,9 @@ namespace {
 // Poll timeout while a batch is pending vs idle.
 constexpr int kPollBusyMs = 2;
 constexpr int kPollIdleMs = 100;
-// OnSample's answer when the pending batch is full: libbpf stops consuming
-// (the record it was given is already kept) and ring_buffer__poll returns it.
-constexpr int kStopDraining = -EAGAIN;
+// The largest record our BPF object writes: a wrapped record is reassembled
+// in a buffer of this size.
+constexpr size_t kMaxRecord = sizeof(svt_event_cap);
 
 bool ValidRecord(const void* data, size_t size) {
   if (size < sizeof(__u32)) return false;
@@ -24,17 +29,58 @@ bool ValidRecord(const void* data, size_t size) {
   if (head->kind == SVT_EV_FLOW_STATS) return head->size == sizeof(svt_flow_stats);
   return size >= sizeof(svt_event) && (head->size == sizeof(svt_event) || head->size == sizeof(svt_event_cap));
 }
+
+// The kernel's record header: length with the busy and discard bits, then
+// the page offset; records start 8-byte aligned.
+size_t RecordSpan(__u32 len) {
+  const size_t body = len & ~(BPF_RINGBUF_BUSY_BIT | BPF_RINGBUF_DISCARD_BIT);
+  return (body + BPF_RINGBUF_HDR_SZ + 7) & ~size_t{7};
+}
 }  // namespace
 
-RingReader::RingReader(Napi::Env env, int ringbuf_map_fd, Napi::Function on_batch) {
-  rb_ = ring_buffer__new(ringbuf_map_fd, &RingReader::OnSample, this, nullptr);
-  if (!rb_) ThrowErrno(env, "ring_buffer__new", errno);
+RingReader::RingReader(Napi::Env env, int ringbuf_map_fd, Napi::Function on_batch) : map_fd_(ringbuf_map_fd) {
+  bpf_map_info info = {};
+  __u32 len = sizeof(info);
+  if (bpf_map_get_info_by_fd(map_fd_, &info, &len) < 0) ThrowErrno(env, "bpf_map_get_info_by_fd (ring buffer)", errno);
+  page_size_ = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  data_size_ = info.max_entries;
+  // Consumer position: one page we write. Producer position and the data:
+  // read-only, the data once (libbpf maps it twice).
+  void* cons = mmap(nullptr, page_size_, PROT_READ | PROT_WRITE, MAP_SHARED, map_fd_, 0);
+  if (cons == MAP_FAILED) ThrowErrno(env, "mmap (ring buffer consumer page)", errno);
+  void* prod = mmap(nullptr, page_size_ + data_size_, PROT_READ, MAP_SHARED, map_fd_, static_cast<off_t>(page_size_));
+  if (prod == MAP_FAILED) {
+    int err = errno;
+    munmap(cons, page_size_);
+    ThrowErrno(env, "mmap (ring buffer data)", err);
+  }
+  consumer_pos_ = static_cast<unsigned long*>(cons);
+  producer_pos_ = static_cast<const unsigned long*>(prod);
+  data_ = static_cast<const uint8_t*>(prod) + page_size_;
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  epoll_event ev = {};
+  ev.events = EPOLLIN;
+  if (epoll_fd_ < 0 || epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, map_fd_, &ev) < 0) {
+    int err = errno;
+    Unmap();
+    ThrowErrno(env, "epoll on the ring buffer", err);
+  }
   sink_ = std::make_unique<BatchSink>(env, on_batch, "svctrace-ring-reader", Channel::kRing);
 }
 
 RingReader::~RingReader() {
   Stop();
-  if (rb_) ring_buffer__free(rb_);
+  Unmap();
+}
+
+void RingReader::Unmap() {
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  epoll_fd_ = -1;
+  if (consumer_pos_) munmap(consumer_pos_, page_size_);
+  if (producer_pos_) munmap(const_cast<unsigned long*>(producer_pos_), page_size_ + data_size_);
+  consumer_pos_ = nullptr;
+  producer_pos_ = nullptr;
+  data_ = nullptr;
 }
 
 void RingReader::Start() {
@@ -48,27 +94,56 @@ void RingReader::Stop() {
   stopped_ = true;
   stop_.store(true);
   if (thread_.joinable()) thread_.join();
-  sink_->Close();
+  if (sink_) sink_->Close();
 }
 
 uint64_t RingReader::ring_bytes() const {
-  ring* r = ring_buffer__ring(rb_, 0);
-  return r ? ring__avail_data_size(r) : 0;
+  if (!consumer_pos_) return 0;
+  return __atomic_load_n(producer_pos_, __ATOMIC_ACQUIRE) - __atomic_load_n(consumer_pos_, __ATOMIC_ACQUIRE);
 }
 
-int RingReader::OnSample(void* ctx, void* data, size_t size) {
-  auto* self = static_cast<RingReader*>(ctx);
+void RingReader::Take(const void* record, size_t size) {
   // Records are written by our own BPF object: an event (with or without a
   // packet capture) or a flow's counters. Anything else means the object and
   // the addon disagree on the ABI: skip and count, never crash.
-  if (!ValidRecord(data, size)) {
-    self->malformed_++;
-    return 0;
+  if (!ValidRecord(record, size)) {
+    malformed_++;
+    return;
   }
-  self->sink_->Append(data, static_cast<const svt_event*>(data)->size);
-  self->records_++;
-  self->pending_.store(self->sink_->pending());
-  return self->sink_->Full() ? kStopDraining : 0;
+  sink_->Append(record, static_cast<const svt_event*>(record)->size);
+  records_++;
+}
+
+size_t RingReader::Consume() {
+  const size_t mask = data_size_ - 1;
+  unsigned long cons = __atomic_load_n(consumer_pos_, __ATOMIC_ACQUIRE);
+  const unsigned long prod = __atomic_load_n(producer_pos_, __ATOMIC_ACQUIRE);
+  size_t taken = 0;
+  uint8_t wrapped[kMaxRecord];
+  while (cons < prod && !sink_->Full()) {
+    const size_t at = cons & mask;
+    const __u32 len = __atomic_load_n(reinterpret_cast<const __u32*>(data_ + at), __ATOMIC_ACQUIRE);
+    if (len & BPF_RINGBUF_BUSY_BIT) break;  // reserved, not yet committed: the next poll gets it
+    if (!(len & BPF_RINGBUF_DISCARD_BIT)) {
+      const size_t size = len & ~(BPF_RINGBUF_BUSY_BIT | BPF_RINGBUF_DISCARD_BIT);
+      const size_t start = (at + BPF_RINGBUF_HDR_SZ) & mask;
+      if (start + size <= data_size_) {
+        Take(data_ + start, size);
+      } else if (size <= kMaxRecord) {
+        const size_t first = data_size_ - start;
+        memcpy(wrapped, data_ + start, first);
+        memcpy(wrapped + first, data_, size - first);
+        Take(wrapped, size);
+      } else {
+        malformed_++;  // larger than anything our object writes
+      }
+      taken++;
+    }
+    cons += RecordSpan(len);
+    __atomic_store_n(consumer_pos_, cons, __ATOMIC_RELEASE);
+  }
+  pending_.store(sink_->pending());
+  return taken;
 }
 
 void RingReader::Run() {
@@ -79,8 +154,13 @@ void RingReader::Run() {
       sink_->WaitForRoom(std::chrono::milliseconds(kPollIdleMs));
       continue;
     }
-    int n = ring_buffer__poll(rb_, sink_->pending() ? kPollBusyMs : kPollIdleMs);
-    if (n < 0 && n != -EINTR && n != kStopDraining) break;
+    if (Consume() == 0 && !sink_->Full()) {
+      // Empty: sleep until the kernel says there is data (or a pending
+      // batch falls due). Level-triggered: records left behind wake it at once.
+      epoll_event ev;
+      int n = epoll_wait(epoll_fd_, &ev, 1, sink_->pending() ? kPollBusyMs : kPollIdleMs);
+      if (n < 0 && errno != EINTR) break;
+    }
     if (sink_->Due()) sink_->Flush();
     pending_.store(sink_->pending());
   }

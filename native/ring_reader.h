@@ -2,6 +2,11 @@
 // batches through a BatchSink: one JS call per batch, never one per event.
 // When JavaScript is behind, the reader stops draining: records wait in the
 // ring, and what the ring cannot hold the kernel counts (SVT_CNT_RINGBUF_LOST).
+//
+// The ring's data pages are mapped once, not twice as libbpf's consumer maps
+// them (so that a record that wraps reads as one): every mapped page counts
+// in the process's RSS, and the ring is the largest thing svctrace holds. A
+// record that wraps (rare: at most one per lap) is copied out in two parts.
 #pragma once
 
 #include <napi.h>
@@ -11,8 +16,6 @@
 #include <thread>
 
 #include "batch_sink.h"
-
-struct ring_buffer;
 
 namespace svt {
 
@@ -39,11 +42,21 @@ class RingReader {
   uint32_t in_flight() const { return sink_->in_flight(); }
 
  private:
-  static int OnSample(void* ctx, void* data, size_t size);
+  // Takes committed records until the ring is empty or the batch is full;
+  // returns how many it took.
+  size_t Consume();
+  void Take(const void* record, size_t size);
+  void Unmap();
   void Run();
 
   std::unique_ptr<BatchSink> sink_;
-  ring_buffer* rb_ = nullptr;
+  int map_fd_ = -1;
+  int epoll_fd_ = -1;
+  size_t page_size_ = 0;
+  size_t data_size_ = 0;  // the ring's size: a power of two, a multiple of the page size
+  unsigned long* consumer_pos_ = nullptr;  // its own page, written by us
+  const unsigned long* producer_pos_ = nullptr;  // read-only page, followed by the data
+  const uint8_t* data_ = nullptr;
   std::thread thread_;
   std::atomic<bool> stop_{false};
   bool started_ = false;

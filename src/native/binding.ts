@@ -101,6 +101,8 @@ export interface NativeBinding {
   probeFeatures(): NativeFeatures;
   layout(): NativeLayout;
   dropReasons(): Record<string, string>;
+  /** malloc_trim(0): gives glibc's free pages back to the system; true if any were. */
+  releaseFreeMemory(): boolean;
 }
 
 /** Where the addon is built: build/Release under the package root. */

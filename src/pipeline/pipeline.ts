@@ -97,12 +97,15 @@ const DRAIN_MS = 2000;
 /** Kernel flow state with no packet for this long is expired (its end was never reported), checked this often. */
 const FLOW_STATE_IDLE_MS = 30 * 60_000;
 const FLOW_STATE_SWEEP_MS = 30_000;
+/** How often freed native memory is given back to the system (see Pipeline.start). */
+const RELEASE_FREE_MEMORY_EVERY_MS = 1000;
 
 export class Pipeline {
   private sinks = new SinkSet([], () => undefined);
   private rulePaths: RulePaths | undefined;
   private expiryTimer: NodeJS.Timeout | undefined;
   private sweepTimer: NodeJS.Timeout | undefined;
+  private memoryTimer: NodeJS.Timeout | undefined;
   /** False once the kernel source stopped: nothing reaches the sinks after that. */
   private delivering = true;
   private stopped: Promise<PipelineResult> | undefined;
@@ -162,6 +165,12 @@ export class Pipeline {
       const t = tracer;
       p.sweepTimer = setInterval(() => t.expireIdleFlows(FLOW_STATE_IDLE_MS), FLOW_STATE_SWEEP_MS);
       p.sweepTimer.unref();
+      // Batches and frames of a few hundred KB are freed all the time, and
+      // glibc keeps what it freed between long-lived allocations: resident
+      // for nothing. Given back once a second, RSS follows what is in use.
+      const binding = loadBinding();
+      p.memoryTimer = setInterval(() => binding.releaseFreeMemory(), RELEASE_FREE_MEMORY_EVERY_MS);
+      p.memoryTimer.unref();
       return p;
     } catch (e) {
       if (p) await p.stop().catch(() => undefined);
@@ -274,6 +283,7 @@ export class Pipeline {
   private async stopNow(): Promise<PipelineResult> {
     clearInterval(this.expiryTimer);
     clearInterval(this.sweepTimer);
+    clearInterval(this.memoryTimer);
     this.rulePaths?.stop();
     await this.tracer.drain(DRAIN_MS);
     this.refreshCounters(); // the summary counts every packet so far
