@@ -5,6 +5,7 @@
  */
 import protobuf from 'protobufjs/minimal';
 import { svctrace } from '../gen/svctrace';
+import { EventWriter } from './event-writer';
 
 import pb = svctrace.v1;
 
@@ -23,15 +24,20 @@ const WIRE_LEN = 2;
 const WIRE_VARINT = 0;
 const BATCH_EVENT_TAG = (1 << 3) | WIRE_LEN;
 
+/** One writer for every batch (encoding is synchronous): its buffer is reused. */
+const writer = new EventWriter();
+
 /**
  * Encodes a batch once, into one buffer: each event's bytes are a view of
  * it (no buffer per event, no second copy to frame them).
  */
 export function encodeEvents(events: pb.IEvent[]): EncodedEvent[] {
-  const w = protobuf.Writer.create();
+  const w = writer;
+  w.reset();
   const ends: number[] = new Array(events.length);
   for (let i = 0; i < events.length; i++) {
-    pb.Event.encode(events[i]!, w.uint32(BATCH_EVENT_TAG).fork()).ldelim();
+    pb.Event.encode(events[i]!, w.uint32(BATCH_EVENT_TAG).fork().asWriter());
+    w.ldelim();
     ends[i] = w.len;
   }
   const buf = w.finish();

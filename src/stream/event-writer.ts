@@ -1,0 +1,199 @@
+/**
+ * A protobuf writer for the generated encoders (`pb.Event.encode(ev,
+ * writer)`) that writes straight into one growing buffer. protobufjs's own
+ * Writer queues an operation object per field and copies at finish, which
+ * was most of the cost of streaming events. The wire format still comes from
+ * the generated code alone: this only implements the writer calls it makes,
+ * byte for byte as protobufjs writes them (test/unit/event-writer.test.ts
+ * compares the two on every kind of event).
+ */
+import type { Writer } from 'protobufjs/minimal';
+
+interface LongLike {
+  low: number;
+  high: number;
+}
+
+const TWO_32 = 4294967296;
+
+export class EventWriter {
+  private buf: Buffer;
+  /** Bytes written so far. */
+  len = 0;
+  /** Where each open sub-message's one-byte length slot is. */
+  private readonly forks: number[] = [];
+
+  constructor(initialBytes = 64 * 1024) {
+    this.buf = Buffer.allocUnsafe(initialBytes);
+  }
+
+  /** For the generated encoders, which are typed against protobufjs's Writer. */
+  asWriter(): Writer {
+    return this as unknown as Writer;
+  }
+
+  /** Starts again from empty (the buffer is kept). */
+  reset(): void {
+    this.len = 0;
+    this.forks.length = 0;
+  }
+
+  /** A copy of what was written (the buffer is reused). */
+  finish(): Uint8Array {
+    return Uint8Array.prototype.slice.call(this.buf, 0, this.len);
+  }
+
+  private room(n: number): void {
+    if (this.len + n <= this.buf.length) return;
+    let size = this.buf.length * 2;
+    while (size < this.len + n) size *= 2;
+    const next = Buffer.allocUnsafe(size);
+    this.buf.copy(next, 0, 0, this.len);
+    this.buf = next;
+  }
+
+  uint32(value: number): this {
+    let v = value >>> 0;
+    this.room(5);
+    const b = this.buf;
+    while (v > 127) {
+      b[this.len++] = (v & 127) | 128;
+      v >>>= 7;
+    }
+    b[this.len++] = v;
+    return this;
+  }
+
+  int32(value: number): this {
+    // Negative int32 values are sign-extended to 64 bits: ten bytes.
+    return value < 0 ? this.varint64(value | 0, -1) : this.uint32(value);
+  }
+
+  sint32(value: number): this {
+    return this.uint32(((value << 1) ^ (value >> 31)) >>> 0);
+  }
+
+  uint64(value: number | LongLike): this {
+    if (typeof value === 'number') {
+      if (value >= 0 && value < TWO_32) return this.uint32(value);
+      // protobufjs's LongBits.fromNumber: a negative number is its two's complement.
+      const neg = value < 0;
+      const v = neg ? -value : value;
+      let lo = v >>> 0;
+      let hi = ((v - lo) / TWO_32) >>> 0;
+      if (neg) {
+        hi = ~hi >>> 0;
+        lo = ~lo >>> 0;
+        if (++lo > 4294967295) {
+          lo = 0;
+          if (++hi > 4294967295) hi = 0;
+        }
+      }
+      return this.varint64(lo, hi);
+    }
+    return this.varint64(value.low, value.high);
+  }
+
+  private varint64(low: number, high: number): this {
+    let lo = low >>> 0;
+    let hi = high >>> 0;
+    this.room(10);
+    const b = this.buf;
+    while (hi) {
+      b[this.len++] = (lo & 127) | 128;
+      lo = ((lo >>> 7) | (hi << 25)) >>> 0;
+      hi >>>= 7;
+    }
+    while (lo > 127) {
+      b[this.len++] = (lo & 127) | 128;
+      lo >>>= 7;
+    }
+    b[this.len++] = lo;
+    return this;
+  }
+
+  bool(value: boolean): this {
+    this.room(1);
+    this.buf[this.len++] = value ? 1 : 0;
+    return this;
+  }
+
+  double(value: number): this {
+    this.room(8);
+    this.buf.writeDoubleLE(value, this.len);
+    this.len += 8;
+    return this;
+  }
+
+  /**
+   * Short ASCII strings (addresses, names, states: nearly all of them) are
+   * copied a character at a time, their length known without measuring;
+   * anything else goes through Buffer's UTF-8 encoder.
+   */
+  string(value: string): this {
+    const n = value.length;
+    if (n < 128) {
+      this.room(n + 1);
+      const b = this.buf;
+      const start = this.len;
+      b[start] = n;
+      let i = 0;
+      for (; i < n; i++) {
+        const c = value.charCodeAt(i);
+        if (c > 127) break;
+        b[start + 1 + i] = c;
+      }
+      if (i === n) {
+        this.len = start + 1 + n;
+        return this;
+      }
+    }
+    const bytes = Buffer.byteLength(value);
+    this.uint32(bytes);
+    this.room(bytes);
+    this.len += this.buf.write(value, this.len, bytes, 'utf8');
+    return this;
+  }
+
+  bytes(data: Uint8Array | string): this {
+    // protobufjs takes base64 text for bytes fields too.
+    const value = typeof data === 'string' ? Buffer.from(data, 'base64') : data;
+    this.uint32(value.length);
+    this.room(value.length);
+    this.buf.set(value, this.len);
+    this.len += value.length;
+    return this;
+  }
+
+  /** Opens a length-delimited sub-message: one byte kept for its length (most are shorter than 128). */
+  fork(): this {
+    this.room(1);
+    this.forks.push(this.len);
+    this.len += 1;
+    return this;
+  }
+
+  /** Closes the last sub-message: writes its length, moving it along if the length needs more than a byte. */
+  ldelim(): this {
+    const slot = this.forks.pop();
+    if (slot === undefined) throw new Error('EventWriter.ldelim() without fork()');
+    const size = this.len - slot - 1;
+    if (size < 128) {
+      this.buf[slot] = size;
+      return this;
+    }
+    let extra = 0;
+    for (let v = size >>> 7; v > 0; v >>>= 7) extra++;
+    this.room(extra);
+    this.buf.copy(this.buf, slot + 1 + extra, slot + 1, this.len);
+    let v = size;
+    let at = slot;
+    while (v > 127) {
+      this.buf[at++] = (v & 127) | 128;
+      v >>>= 7;
+    }
+    this.buf[at] = v;
+    this.len += extra;
+    return this;
+  }
+}

@@ -1,0 +1,128 @@
+/**
+ * EventWriter (src/stream/event-writer.ts) must write exactly the bytes
+ * protobufjs's own Writer writes for the same generated encoder calls: the
+ * wire format is the .proto's, only the writer is ours.
+ */
+import { describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import protobuf from 'protobufjs/minimal';
+import Long from 'long';
+import { svctrace } from '../../src/gen/svctrace';
+import { EventWriter } from '../../src/stream/event-writer';
+import { encodeEvents } from '../../src/stream/frames';
+import { makeEvent } from '../helpers/stream';
+
+import pb = svctrace.v1;
+
+const BATCH_EVENT_TAG = (1 << 3) | 2;
+
+/** What protobufjs writes for one event as an EventBatch.events field. */
+function reference(ev: pb.IEvent): Uint8Array {
+  return pb.Event.encode(ev, protobuf.Writer.create().uint32(BATCH_EVENT_TAG).fork()).ldelim().finish();
+}
+
+const tuple = (src: string, srcPort: number): pb.ITuple => ({ src, dst: '10.96.0.100', srcPort, dstPort: 80, protocol: pb.Protocol.PROTOCOL_TCP });
+
+/** Every field of Event and of the messages in it, with values that take the writer's rare paths. */
+const everything: pb.IEvent = {
+  tsNs: Long.fromBits(0x89abcdef, 0x1789abcd, true),
+  kind: pb.EventKind.EVENT_KIND_DROP,
+  flowId: 2 ** 40 + 7,
+  service: '10.96.0.100:80/tcp',
+  stage: pb.Stage.STAGE_DROP,
+  summary: 'dropped — «NETFILTER_DROP» at eth0 ✓ 🙂 '.repeat(6),
+  direction: pb.Direction.DIRECTION_REPLY,
+  packet: tuple('10.244.1.1', 40000),
+  length: 1500,
+  tcpFlags: 'SYN|ACK',
+  conntrack: {
+    id: 'ffff888812345600',
+    original: tuple('10.250.0.2', 58522),
+    reply: tuple('10.244.1.12', 8080),
+    status: 0x1ba,
+    statusNames: ['SEEN_REPLY', 'ASSURED', 'CONFIRMED'],
+    tcpState: 'ESTABLISHED',
+    mark: 0xffffffff,
+    zone: 3,
+    timeoutMs: 431_999_000,
+    tcpStateBefore: 'SYN_RECV',
+  },
+  device: { ifindex: 7, name: 'veth2', kind: 'veth', netnsInode: 4026532456, netns: 'pod пример', podSide: true },
+  hook: pb.NfHook.NF_HOOK_POST_ROUTING,
+  priority: -101,
+  afterNat: true,
+  dropReason: 6,
+  dropReasonName: 'NETFILTER_DROP',
+  gateway: '10.0.0.1',
+  routeTable: 254,
+  icmpType: 3,
+  icmpCode: 1,
+  cpu: 1,
+  backend: '10.244.1.12:8080',
+  backendNetns: 'svt-lab-pod2',
+  packetData: Uint8Array.from({ length: 300 }, (_, i) => i & 0xff),
+  benignDrop: true,
+  rulePath: ['KUBE-SERVICES', 'KUBE-SVC-CDGGSHYLG3RE2FKL', 'KUBE-SEP-BQ6CYJXGREWSNKJL'],
+  serviceName: 'default/web:http',
+  backendPod: 'default/web-7d9f8-abcde',
+  counters: { packetsOriginal: 2 ** 33, bytesOriginal: 2 ** 45, packetsReply: 5, bytesReply: 370, drops: 1, final: true, reason: 'closed' },
+};
+
+describe('EventWriter', () => {
+  it('the test event sets every field of Event and of the messages it holds', () => {
+    const fieldsOf = (proto: object) => Object.keys(proto).filter((k) => k !== 'toJSON');
+    const check = (what: string, proto: object, value: object | null | undefined) => {
+      for (const f of fieldsOf(proto)) assert.ok(value && (value as Record<string, unknown>)[f] !== undefined, `${what}.${f} is not set in the test event`);
+    };
+    check('Event', pb.Event.prototype, everything);
+    check('Conntrack', pb.Conntrack.prototype, everything.conntrack);
+    check('Device', pb.Device.prototype, everything.device);
+    check('Tuple', pb.Tuple.prototype, everything.packet);
+    check('FlowCounters', pb.FlowCounters.prototype, everything.counters);
+  });
+
+  it('encodes events byte for byte as protobufjs does', () => {
+    const events: pb.IEvent[] = [
+      everything,
+      { ...everything, summary: '', packetData: new Uint8Array(0), flowId: 0, priority: 99 },
+      { kind: pb.EventKind.EVENT_KIND_CT_DESTROY, flowId: 3, conntrack: { id: 'ffff8888aa' } },
+      {},
+      ...Array.from({ length: 50 }, (_, i) => makeEvent(i * 7919)),
+    ];
+    const encoded = encodeEvents(events);
+    encoded.forEach((e, i) => assert.deepEqual(Buffer.from(e.bytes), Buffer.from(reference(events[i]!)), `event ${i}`));
+    assert.deepEqual(pb.Event.decode(encoded[0]!.bytes.subarray(3)).toJSON(), pb.Event.fromObject(everything).toJSON());
+  });
+
+  it('writes numbers as protobufjs does at every edge', () => {
+    const ours = new EventWriter(8);
+    const theirs = protobuf.Writer.create();
+    for (const v of [0, 1, 127, 128, 16383, 16384, 2 ** 31 - 1, 2 ** 31, 2 ** 32 - 1]) {
+      ours.uint32(v);
+      theirs.uint32(v);
+    }
+    for (const v of [0, 1, -1, -128, 2 ** 31 - 1, -(2 ** 31)]) {
+      ours.int32(v).sint32(v);
+      theirs.int32(v).sint32(v);
+    }
+    for (const v of [0, 2 ** 32, 2 ** 53 - 1, -1, -(2 ** 40)]) {
+      ours.uint64(v);
+      theirs.uint64(v);
+    }
+    ours.uint64(Long.MAX_UNSIGNED_VALUE).bool(true).bool(false).double(-0.5).bytes('AQID');
+    theirs.uint64(Long.MAX_UNSIGNED_VALUE).bool(true).bool(false).double(-0.5).bytes('AQID');
+    assert.deepEqual(Buffer.from(ours.finish()), Buffer.from(theirs.finish()));
+  });
+
+  it('nests sub-messages of any length, growing its buffer as it goes', () => {
+    const ours = new EventWriter(4);
+    const theirs = protobuf.Writer.create();
+    for (const n of [0, 127, 128, 20000]) {
+      const text = 'x'.repeat(n);
+      ours.uint32(10).fork().uint32(18).fork().string(text).ldelim().ldelim();
+      theirs.uint32(10).fork().uint32(18).fork().string(text).ldelim().ldelim();
+    }
+    assert.deepEqual(Buffer.from(ours.finish()), Buffer.from(theirs.finish()));
+    assert.throws(() => new EventWriter().ldelim(), /without fork/);
+  });
+});
