@@ -400,7 +400,7 @@ static __always_inline int observe_nf(struct bpf_nf_ctx *ctx, __u8 stage)
 	unsigned char *nh;
 	__u32 svc, status, bit, h, zero = 0;
 	__u8 hook, dir, ctinfo, tcp_state = 0;
-	bool counting, emit, first;
+	bool counting, emit, first, first_here = false;
 	__u64 now, pkt;
 
 	nfct = skb->_nfct;
@@ -480,7 +480,7 @@ static __always_inline int observe_nf(struct bpf_nf_ctx *ctx, __u8 stage)
 		 * every packet would bounce its cache line between CPUs. */
 		if (!(st->seen & bit)) {
 			st->seen |= bit;
-			emit = true;
+			emit = first_here = true;
 		}
 		if ((status & SVT_CT_STATUS_REPORTED) != st->last_status) {
 			st->last_status = status & SVT_CT_STATUS_REPORTED;
@@ -491,7 +491,8 @@ static __always_inline int observe_nf(struct bpf_nf_ctx *ctx, __u8 stage)
 			emit = true;
 		}
 	} else if (!(status & IPS_CONFIRMED)) {
-		emit = true; /* no state to remember it by (map full): report the first packet anyway */
+		/* no state to remember it by (map full): report the first packet anyway */
+		emit = first_here = true;
 	}
 	remember_packet(cv, h,
 			st && (status & IPS_CONFIRMED) && !(facts.tcp_flags & TCP_RST) && facts.proto != IPPROTO_ICMP ?
@@ -530,7 +531,11 @@ static __always_inline int observe_nf(struct bpf_nf_ctx *ctx, __u8 stage)
 			fill_dev(e, dev);
 			fill_skb(e, skb, nh);
 			fill_ct(e, ct, ctinfo);
-			if (stage == SVT_STAGE_BEFORE_NAT && (hook == NF_INET_PRE_ROUTING || hook == NF_INET_LOCAL_OUT))
+			/* The routing decision of the direction's first packet: later
+			 * packets reported for their TCP state or status take the
+			 * same route (a failed lookup is a drop, reported as one). */
+			if (stage == SVT_STAGE_BEFORE_NAT && (hook == NF_INET_PRE_ROUTING || hook == NF_INET_LOCAL_OUT) &&
+			    (first_here || targ_all_packets))
 				stash_for_fib(e);
 			svt_submit(e);
 		}
