@@ -23,14 +23,20 @@ export class LiveDiagnoser {
   private readonly lastSaid = new Map<string, number>();
   private readonly timer: NodeJS.Timeout;
   private pending = new Set<Flow>();
+  /** The rules' diagnoses: in effect for the whole run. */
+  private readonly fromRules: LiveDiagnosis[];
 
   constructor(
     private readonly services: DiscoveredService[],
     private readonly report: (d: LiveDiagnosis[]) => void,
     private readonly windowMs = 5000,
     masqueradeRule = true,
+    /** Every window: all diagnoses in effect (the rules' and the window's), repeated ones included (metrics). */
+    private readonly onActive?: (active: LiveDiagnosis[]) => void,
   ) {
     const initial = services.flatMap((s) => diagnoseRules(s, s.name, masqueradeRule).filter((d) => d.severity !== 'info').map((d) => this.tag(s, d)));
+    this.fromRules = initial;
+    this.onActive?.(initial);
     this.emit(initial);
     this.timer = setInterval(() => this.tick(), windowMs);
     this.timer.unref();
@@ -71,6 +77,7 @@ export class LiveDiagnoser {
       const t = observeFlows(s, flows, this.windowMs / 1000);
       if (t.flows) out.push(...diagnoseTraffic(s, t).map((d) => this.tag(s, d)));
     }
+    this.onActive?.([...this.fromRules, ...out]);
     this.emit(out);
   }
 

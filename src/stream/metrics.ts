@@ -1,39 +1,67 @@
-/** /metrics in the Prometheus text exposition format (version 0.0.4). */
+/**
+ * /metrics in the Prometheus text format (prom-client): the server's own
+ * series (events, losses, memory, clients), plus any registry handed in
+ * (the per-Service series of metrics/service-metrics when tracing).
+ */
 import v8 from 'node:v8';
-import { Hub, HubSource } from './hub';
+import { Counter, Gauge, Registry } from 'prom-client';
+import type { Hub, HubSource } from './hub';
 
-function esc(v: string): string {
-  return v.replace(/\\/g, '\\\\').replace(/"/g, '\\"').replace(/\n/g, '\\n');
+/** The server's own series, each read from its owner when scraped. */
+export function serverRegistry(hub: Hub, source: HubSource): Registry {
+  const registry = new Registry();
+  const registers = [registry];
+  const value = (name: string, help: string, read: () => number, kind: 'gauge' | 'counter' = 'gauge') => {
+    if (kind === 'gauge') {
+      new Gauge({ name, help, registers, collect() { this.set(read()); } });
+    } else {
+      new Counter({ name, help, registers, collect() { this.reset(); this.inc(read()); } });
+    }
+  };
+  value('svctrace_events_total', 'Events of traced flows seen by the server.', () => hub.eventsTotal, 'counter');
+  value('svctrace_flows_active', 'Flows currently tracked.', () => source.activeFlows());
+  value('svctrace_kernel_events_lost_total', 'Events lost before reaching svctrace (full ring buffer, reader, netlink overrun).', () => source.kernelLost(), 'counter');
+  new Counter({
+    name: 'svctrace_packet_drops_total',
+    help: 'Kernel drops of traced flows, by skb drop reason.',
+    labelNames: ['reason'],
+    registers,
+    collect() {
+      this.reset();
+      for (const [reason, n] of Object.entries(source.dropsByReason())) this.inc({ reason }, n);
+    },
+  });
+  new Counter({
+    name: 'svctrace_events_lost_total',
+    help: 'Events lost, per stage (ring_buffer, flow_state, conntrack_netlink, rule_trace_netlink, shutdown, flow_table, client_queues).',
+    labelNames: ['stage'],
+    registers,
+    collect() {
+      this.reset();
+      for (const [stage, n] of Object.entries({ ...source.lostByStage?.(), client_queues: hub.clientsDropped() })) this.inc({ stage }, n ?? 0);
+    },
+  });
+  value('svctrace_heap_used_bytes', 'V8 heap in use by svctrace.', () => v8.getHeapStatistics().used_heap_size);
+  value('svctrace_heap_limit_bytes', 'V8 heap limit (--max-old-space-size on the #! line, plus the young generation).', () => v8.getHeapStatistics().heap_size_limit);
+  value('svctrace_resident_memory_bytes', 'Resident set size of the svctrace process.', () => process.memoryUsage.rss());
+  value('svctrace_clients', 'Connected WebSocket clients.', () => hub.clientCount);
+  const perClient = (name: string, help: string, read: (c: ReturnType<Hub['clientList']>[number]) => number) =>
+    new Counter({
+      name,
+      help,
+      labelNames: ['client', 'remote'],
+      registers,
+      collect() {
+        this.reset();
+        for (const c of hub.clientList()) this.inc({ client: String(c.id), remote: c.remote }, read(c));
+      },
+    });
+  perClient('svctrace_client_events_sent_total', 'Events sent to a client.', (c) => c.sent);
+  perClient('svctrace_client_events_dropped_total', 'Events a slow client missed.', (c) => c.dropped);
+  return registry;
 }
 
-export function renderMetrics(hub: Hub, source: HubSource): string {
-  const lines: string[] = [];
-  const metric = (name: string, type: string, help: string, samples: Array<[string, number]>) => {
-    lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
-    for (const [labels, v] of samples) lines.push(`${name}${labels} ${v}`);
-  };
-  metric('svctrace_events_total', 'counter', 'Events of traced flows seen by the server.', [['', hub.eventsTotal]]);
-  metric('svctrace_flows_active', 'gauge', 'Flows currently tracked.', [['', source.activeFlows()]]);
-  metric('svctrace_kernel_events_lost_total', 'counter', 'Events lost before reaching svctrace (full ring buffer, reader, netlink overrun).', [['', source.kernelLost()]]);
-  metric(
-    'svctrace_packet_drops_total',
-    'counter',
-    'Kernel drops of traced flows, by skb drop reason.',
-    Object.entries(source.dropsByReason()).map(([r, n]) => [`{reason="${esc(r)}"}`, n]),
-  );
-  metric(
-    'svctrace_events_lost_total',
-    'counter',
-    'Events lost, per stage (ring_buffer, flow_state, conntrack_netlink, rule_trace_netlink, shutdown, flow_table, client_queues).',
-    Object.entries({ ...source.lostByStage?.(), client_queues: hub.clientsDropped() }).map(([st, n]) => [`{stage="${esc(st)}"}`, n ?? 0]),
-  );
-  const heap = v8.getHeapStatistics();
-  metric('svctrace_heap_used_bytes', 'gauge', 'V8 heap in use by svctrace.', [['', heap.used_heap_size]]);
-  metric('svctrace_heap_limit_bytes', 'gauge', 'V8 heap limit (--max-old-space-size on the #! line, plus the young generation).', [['', heap.heap_size_limit]]);
-  metric('svctrace_resident_memory_bytes', 'gauge', 'Resident set size of the svctrace process.', [['', process.memoryUsage.rss()]]);
-  metric('svctrace_clients', 'gauge', 'Connected WebSocket clients.', [['', hub.clientCount]]);
-  const clients = hub.clientList();
-  metric('svctrace_client_events_sent_total', 'counter', 'Events sent to a client.', clients.map((c) => [`{client="${c.id}",remote="${esc(c.remote)}"}`, c.sent]));
-  metric('svctrace_client_events_dropped_total', 'counter', 'Events a slow client missed.', clients.map((c) => [`{client="${c.id}",remote="${esc(c.remote)}"}`, c.dropped]));
-  return lines.join('\n') + '\n';
+/** The exposition text of the server's registry and the extra ones. */
+export function renderMetrics(registries: Registry[]): Promise<string> {
+  return Registry.merge(registries).metrics();
 }

@@ -11,7 +11,8 @@ import { SvctraceError } from '../errors';
 import { isLoopback, originOk, SUBPROTOCOL, tokenOk } from './auth';
 import { Hub, HubSource } from './hub';
 import { StreamLimits } from './limits';
-import { renderMetrics } from './metrics';
+import type { Registry } from 'prom-client';
+import { renderMetrics, serverRegistry } from './metrics';
 import { svctrace } from '../gen/svctrace';
 
 import pb = svctrace.v1;
@@ -25,6 +26,8 @@ export interface ServeOptions {
   tls?: { cert: Buffer; key: Buffer };
   allowOrigins?: string[];
   limits?: Partial<StreamLimits>;
+  /** More series for /metrics (the per-Service ones when tracing). */
+  metrics?: Registry[];
   /** Serves GET / and static assets (the dashboard). */
   staticHandler?: (req: http.IncomingMessage, res: http.ServerResponse) => boolean;
 }
@@ -46,12 +49,14 @@ export class StreamServer {
   readonly hub: Hub;
   private readonly server: http.Server | https.Server;
   private readonly wss: WebSocketServer;
+  private readonly registries: Registry[];
 
   private constructor(
     private readonly source: HubSource,
     private readonly opts: ServeOptions,
   ) {
     this.hub = new Hub(source, opts.limits);
+    this.registries = [serverRegistry(this.hub, source), ...(opts.metrics ?? [])];
     this.wss = new WebSocketServer({
       noServer: true,
       maxPayload: this.hub.limits.maxClientMessageBytes,
@@ -109,7 +114,10 @@ export class StreamServer {
       return;
     }
     if (path === '/metrics') {
-      res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4' }).end(renderMetrics(this.hub, this.source));
+      renderMetrics(this.registries).then(
+        (text) => res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4; charset=utf-8' }).end(text),
+        (e: unknown) => res.writeHead(500, { 'content-type': 'text/plain' }).end(`metrics failed: ${e instanceof Error ? e.message : String(e)}\n`),
+      );
       return;
     }
     if (path === EVENTS_PATH) {

@@ -1,4 +1,5 @@
 import fs from 'node:fs';
+import os from 'node:os';
 import { Command } from 'commander';
 import { SvctraceError } from '../../errors';
 import { waitForStop } from '../../pipeline/lifecycle';
@@ -9,6 +10,9 @@ import { MemoryWatch } from '../../process-memory';
 import { DiscoveredService, Discovery } from '../../discovery/model';
 import { Pipeline } from '../../pipeline/pipeline';
 import { streamSink } from '../../pipeline/sinks/stream';
+import { metricsSink } from '../../pipeline/sinks/metrics';
+import { ServiceMetrics } from '../../metrics/service-metrics';
+import { netnsLabel, pollConntrackUse } from '../../metrics/conntrack-use';
 import { liveDiagnoserSink, tracedServicesInRules } from '../../pipeline/sinks/diagnoser';
 import { parseServiceSpec, ServiceSpec } from '../../net/ipv4';
 import { serviceLabel } from '../../flows/service-ids';
@@ -62,19 +66,36 @@ export function registerServe(program: Command): void {
       if (!!opts.tlsCert !== !!opts.tlsKey) throw new SvctraceError('BAD_INPUT', 'give both --tls-cert and --tls-key');
       const tls = opts.tlsCert && opts.tlsKey ? { cert: readFileOpt(opts.tlsCert, 'certificate'), key: readFileOpt(opts.tlsKey, 'key') } : undefined;
       let server: StreamServer | undefined;
+      let metrics: ServiceMetrics | undefined;
       const memory = new MemoryWatch();
       const pipeline = await Pipeline.start(selectionOf(opts, services), async (ctx) => {
         const source = ctx.hubSource();
         const rules = rulesFor(services, ctx.discovery);
         source.rules = rules.rules;
-        const s = await StreamServer.start(source, { listen: opts.listen, token, tls, allowOrigins: opts.allowOrigin, staticHandler: dashboardHandler() });
+        metrics = new ServiceMetrics({
+          node: os.hostname(),
+          expected: rules.rules.flatMap((r) => (r.backends ?? []).map((b) => ({ service: r.service ?? '', backend: b.address ?? '', ratio: b.probability ?? 0 }))),
+        });
+        const m = metrics;
+        const s = await StreamServer.start(source, { listen: opts.listen, token, tls, allowOrigins: opts.allowOrigin, staticHandler: dashboardHandler(), metrics: [m.registry] });
         server = s;
-        // Classic failures, live: sent to every client as Diagnosis messages.
-        return [liveDiagnoserSink(rules.found, ctx.discovery.masqueradeRule, (ds) => s.hub.broadcastDiagnoses(ds)), streamSink(s)];
+        // Classic failures, live: sent to every client as Diagnosis messages,
+        // and those in effect as svctrace_diagnosis_active.
+        return [
+          liveDiagnoserSink(rules.found, ctx.discovery.masqueradeRule, (ds) => s.hub.broadcastDiagnoses(ds), { onActive: (a) => m.setDiagnoses(a) }),
+          streamSink(s),
+          metricsSink(m),
+        ];
       });
+      const conntrack = pollConntrackUse(
+        pipeline.netns.map((p) => ({ path: p, name: netnsLabel(p) })),
+        (name, entries, limit) => metrics?.setConntrack(name, entries, limit),
+        (w) => process.stderr.write(`svctrace: ${w}\n`),
+      );
       const url = server!.url();
       process.stderr.write(`svctrace: tracing ${services.map((s) => s.text).join(', ')}; streaming at ${url} (dashboard: ${url.replace(/^ws/, 'http').replace('/v1/events', '/')}; Ctrl-C to stop)\n`);
       await waitForStop(duration);
+      conntrack.stop();
       const { summary, stats } = await pipeline.stop();
       memory.stop();
       process.stderr.write(formatSummary(summary, stats, pipeline.backendName) + '\n' + `  ${memory.describe()}\n`);

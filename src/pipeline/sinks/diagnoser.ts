@@ -10,7 +10,12 @@ export function tracedServicesInRules(services: readonly ServiceSpec[], d: Disco
 }
 
 /** Starts diagnosing at once (the rules-based diagnoses are reported now); stops when the trace ends. */
-export function liveDiagnoserSink(services: DiscoveredService[], masqueradeRule: boolean, report: (d: LiveDiagnosis[]) => void, windowMs = 5000): Sink {
-  const live = new LiveDiagnoser(services, report, windowMs, masqueradeRule);
+export function liveDiagnoserSink(
+  services: DiscoveredService[],
+  masqueradeRule: boolean,
+  report: (d: LiveDiagnosis[]) => void,
+  opts: { windowMs?: number; onActive?: (active: LiveDiagnosis[]) => void } = {},
+): Sink {
+  const live = new LiveDiagnoser(services, report, opts.windowMs ?? 5000, masqueradeRule, opts.onActive);
   return { name: 'diagnoser', write: (items) => live.observe(items), close: () => live.stop() };
 }
