@@ -115,6 +115,12 @@ export class FlowTable implements FlowTableView {
     if (!f) {
       if (r.reason === StatsReason.REUSED || r.reason === StatsReason.EXPIRED) return undefined; // long gone from the table
       f = this.newFlow(key, { netnsIno: r.netnsIno, serviceId: r.serviceId, tsNs: r.firstNs, kind: EventKind.NF, ctReply: r.orig, ctId: r.ctId }, r.orig);
+      if (r.reason === StatsReason.CLOSED) {
+        // Its destroy came first (and found no flow): the entry is gone.
+        f.closed = true;
+        f.closedTsNs = r.tsNs;
+        this.summaryCounters.closed++;
+      }
     }
     f.packets = [r.packets[0], r.packets[1]];
     f.bytes = [r.bytes[0], r.bytes[1]];
@@ -266,7 +272,12 @@ export class FlowTable implements FlowTableView {
       const f = this.byKey.get(key);
       const isNewEntry = e.kind === EventKind.NF && !(e.ctStatus & IPS_CONFIRMED);
       const sameEntry = f && (e.ctOrig.proto === 0 || sameTuple(e.ctOrig, f.orig));
-      if (f && sameEntry && !(f.closed && isNewEntry)) return f;
+      // A new entry at the address of a closed one starts after it was
+      // destroyed. The closed entry's own first packets can come later
+      // than its end: its destroy and final counters travel by netlink,
+      // which may overtake a ring buffer that is seconds behind in a storm.
+      const reused = f?.closed && isNewEntry && (f.closedTsNs === undefined || e.tsNs > f.closedTsNs);
+      if (f && sameEntry && !reused) return f;
       if (f) this.remove(f); // the address was reused by a new entry
       if (e.kind !== EventKind.NF && e.kind !== EventKind.DROP) return undefined; // nothing to anchor a new flow on
       return this.newFlow(key, e, e.ctOrig.proto ? e.ctOrig : e.pkt);

@@ -84,6 +84,21 @@ describe('FlowTable', () => {
     assert.equal(items[0]!.flow.id, 2);
   });
 
+  it('keeps a connection one flow when its end (netlink) arrives before its first packets (ring buffer behind)', () => {
+    const t = table();
+    // Destroy and final counters first: no flow knows the entry yet.
+    t.ingest([ev({ tsNs: 900n, kind: EventKind.CT_DESTROY, ctId: '' })], [stats({ tsNs: 900n, reason: StatsReason.CLOSED, packets: [6, 4], firstNs: 100n, lastNs: 890n })]);
+    assert.equal(t.summary().flows, 1);
+    // The ring's events of the same entry, older than its end.
+    const items = t.ingest([ev({ tsNs: 100n }), ev({ tsNs: 110n, nfStage: NfStage.AFTER_NAT, nfPriority: -99, pkt: dnated, ctStatus: IPS_DST_NAT })]);
+    assert.equal(items[0]!.flow.id, 1);
+    assert.equal(t.summary().flows, 1, 'one connection, one flow');
+    assert.equal(items[0]!.flow.closed, true);
+    // A new connection reusing the address and the tuple (tcp_tw_reuse), after the end: a new flow.
+    const next = t.ingest([ev({ tsNs: 1000n })]);
+    assert.equal(next[0]!.flow.id, 2);
+  });
+
   it('names drops, ignores benign frees in the summary, and notices RST and REJECT', () => {
     const t = table();
     t.ingest([ev({ tsNs: 1n })]);
