@@ -14,6 +14,7 @@ import { registerWatch } from './commands/watch';
 import { registerEvidence } from './commands/evidence';
 import { registerExplain } from './commands/explain';
 import { VERSION } from '../version';
+import { watchStdout } from '../pipeline/lifecycle';
 
 export function buildProgram(): Command {
   const program = new Command();
@@ -61,6 +62,7 @@ export function reportError(e: unknown, verbose: boolean): number {
 export async function main(argv: string[] = process.argv): Promise<void> {
   const verbose = verboseRequested(argv);
   if (verbose) process.env.SVCTRACE_VERBOSE = '1'; // read by the addon when it loads
+  watchStdout();
   try {
     await buildProgram().parseAsync(argv);
   } catch (e) {

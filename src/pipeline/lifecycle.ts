@@ -3,8 +3,36 @@
 /** The signals that end a command: Ctrl-C, `kill`, and a closed terminal. */
 const STOP_SIGNALS: NodeJS.Signals[] = ['SIGINT', 'SIGTERM', 'SIGHUP'];
 
+const stdoutGone = new AbortController();
+let watchingStdout = false;
+
 /**
- * Resolves after `seconds`, on SIGINT/SIGTERM/SIGHUP, or when `abort` fires,
+ * Watches stdout for its reader going away (`trace -o json | head -1`):
+ * EPIPE then ends the command like Ctrl-C — cleanly, exit 0, no stack
+ * trace — instead of an uncaught error. Installed once, by the CLI's entry.
+ */
+export function watchStdout(out: NodeJS.WriteStream = process.stdout): void {
+  if (watchingStdout) return;
+  watchingStdout = true;
+  out.on('error', (e: NodeJS.ErrnoException) => {
+    if (e.code === 'EPIPE' || e.code === 'ERR_STREAM_DESTROYED') {
+      stdoutGone.abort();
+      return;
+    }
+    process.stderr.write(`svctrace: cannot write to stdout: ${e.message}\n`);
+    process.exitCode = 1;
+    stdoutGone.abort();
+  });
+}
+
+/** True once stdout can no longer be written (its reader closed it). */
+export function stdoutClosed(): boolean {
+  return stdoutGone.signal.aborted;
+}
+
+/**
+ * Resolves after `seconds`, on SIGINT/SIGTERM/SIGHUP, when stdout's reader
+ * is gone (see watchStdout), or when `abort` fires,
  * whichever comes first; it always removes its signal handlers.
  */
 export function waitForStop(seconds: number | undefined, abort?: AbortSignal): Promise<'timeout' | 'signal' | 'aborted'> {
@@ -12,15 +40,19 @@ export function waitForStop(seconds: number | undefined, abort?: AbortSignal): P
     let timer: NodeJS.Timeout | undefined;
     const onSignal = () => finish('signal');
     const onAbort = () => finish('aborted');
+    const onStdoutGone = () => finish('signal');
     const finish = (why: 'timeout' | 'signal' | 'aborted') => {
       if (timer) clearTimeout(timer);
       for (const s of STOP_SIGNALS) process.off(s, onSignal);
       abort?.removeEventListener('abort', onAbort);
+      stdoutGone.signal.removeEventListener('abort', onStdoutGone);
       resolve(why);
     };
     for (const s of STOP_SIGNALS) process.on(s, onSignal);
     if (abort?.aborted) return finish('aborted');
+    if (stdoutGone.signal.aborted) return finish('signal');
     abort?.addEventListener('abort', onAbort);
+    stdoutGone.signal.addEventListener('abort', onStdoutGone);
     if (seconds !== undefined) timer = setTimeout(() => finish('timeout'), seconds * 1000);
   });
 }

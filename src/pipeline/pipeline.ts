@@ -31,7 +31,6 @@ import type { HubSource } from '../stream/hub';
 import type { svctrace } from '../gen/svctrace';
 import { Tracer, TracerStats } from '../tracer/tracer';
 import { kernelLosses, StageLosses, totalLost } from '../tracer/losses';
-import { monoNowNs } from '../clock';
 import { ApiNames } from './api-names';
 import { RulePaths } from './rule-paths';
 import { Sink, SinkSet } from './sink';
@@ -251,7 +250,7 @@ export class Pipeline {
 
   /** Expires flows closed past the grace period or idle, and tells the sinks. */
   expireNow(): Flow[] {
-    const gone = this.table.expire(monoNowNs());
+    const gone = this.table.expire(this.tracer.deliveredThrough());
     if (gone.length) this.sinks.expired(gone);
     return gone;
   }

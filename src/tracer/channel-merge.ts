@@ -26,6 +26,11 @@ export class ChannelMerge {
     private readonly maxHeld = 256,
   ) {}
 
+  /** The latest kernel time the ring has delivered (0 before its first batch). */
+  get ringTime(): bigint {
+    return this.ringHighTs;
+  }
+
   /** Batches waiting for the ring to catch up. */
   get holding(): number {
     return this.held.length;

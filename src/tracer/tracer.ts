@@ -11,6 +11,7 @@ import { Channel, FLOW_STATS } from '../events/layout';
 import { ChannelMerge } from './channel-merge';
 import { resolveNetns } from '../netns/netns';
 import { serviceIdsOf } from '../flows/service-ids';
+import { monoNowNs } from '../clock';
 
 export type TracerStats = NativeStats & { batchCallbacks: number; decodeErrors: number };
 
@@ -154,6 +155,17 @@ export class Tracer {
     }
     if (channel === Channel.NETLINK) this.merge?.netlink(batch);
     else this.merge?.ring(batch);
+  }
+
+  /**
+   * Kernel time up to which events have been delivered: now when the ring is
+   * idle, else the latest ring event's. Flows end relative to it: in a storm
+   * the ring can be seconds behind, and a flow closed by netlink must not be
+   * forgotten before its own packets, still in the ring, arrive.
+   */
+  deliveredThrough(): bigint {
+    if (!this.native || this.ringIdle()) return monoNowNs();
+    return this.merge?.ringTime ?? 0n;
   }
 
   /** Everything the ring produced so far has reached JS. */

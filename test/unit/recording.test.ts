@@ -139,6 +139,23 @@ describe('recordings', () => {
     assert.equal(spawnSync(process.execPath, [CLI, 'verify', '--strict', file]).status, 1);
   });
 
+  it('replay -o json | head -1: ends quietly with exit 0 when its reader is gone (EPIPE)', () => {
+    const big = path.join(dir, 'big.svtr');
+    const w = new ChunkWriter(big, true);
+    w.write(ChunkType.HEADER, pb.RecordingHeader.encode({ toolVersion: 'test', node: 'n1', startedAt: '2026-11-29T00:00:00.000Z', services: ['10.96.0.100:80/tcp'] }).finish());
+    // About 8 MB of JSON lines: far more than a pipe holds, so writing after head exits must fail.
+    for (let c = 0; c < 200; c++) {
+      const wr = protobuf.Writer.create();
+      for (let i = 0; i < 100; i++) wr.bytes(pb.Event.encode(makeEvent(c * 100 + i, { tsNs: c * 100 + i })).finish());
+      w.write(ChunkType.EVENTS, wr.finish());
+    }
+    w.write(ChunkType.TRAILER, pb.RecordingTrailer.encode({ events: 20000, reason: 'duration' }).finish());
+    w.close();
+    const r = spawnSync('bash', ['-c', `"${process.execPath}" "${CLI}" replay "${big}" --speed max -o json | head -1 >/dev/null; echo "exit=\${PIPESTATUS[0]}" >&2`], { encoding: 'utf8', timeout: 60_000 });
+    assert.match(r.stderr, /exit=0\n$/, r.stderr);
+    assert.doesNotMatch(r.stderr, /EPIPE|Error|at /, 'no error, no stack trace');
+  });
+
   it('not a recording, an empty file, a directory, a missing file: clear errors, no crash', () => {
     const junk = path.join(dir, 'junk.svtr');
     fs.writeFileSync(junk, 'hello');

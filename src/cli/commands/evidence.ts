@@ -1,7 +1,7 @@
 /** record, verify, replay, export, inspect: the evidence commands. */
 import { Command } from 'commander';
 import { SvctraceError } from '../../errors';
-import { waitForStop } from '../../pipeline/lifecycle';
+import { stdoutClosed, waitForStop } from '../../pipeline/lifecycle';
 import { record } from '../../record/recorder';
 import { readRecording, Recording } from '../../record/reader';
 import { parseSpeed, replay } from '../../record/replay';
@@ -112,9 +112,14 @@ export function registerEvidence(program: Command): void {
       const head = readRecording(file);
       if (!head.header) throw new SvctraceError('BAD_INPUT', `${file}: ${head.problems[0]?.message ?? 'not a recording'}`);
       if (!opts.serve) {
-        const rec = await replay(file, speed, (events) => {
-          process.stdout.write(events.map((e) => (opts.output === 'json' ? eventToJson(e) : eventLine(e))).join('\n') + '\n');
-        });
+        const rec = await replay(
+          file,
+          speed,
+          (events) => {
+            if (!stdoutClosed()) process.stdout.write(events.map((e) => (opts.output === 'json' ? eventToJson(e) : eventLine(e))).join('\n') + '\n');
+          },
+          stdoutClosed,
+        );
         reportProblems(rec);
         return;
       }
