@@ -253,11 +253,18 @@ static __always_inline struct svt_flow_counters *flow_state_of(struct nf_conn *c
 }
 
 /* Priority the stage programs are attached at, per hook (see events.h). */
+/* How far from NAT's priority this instance's netfilter programs sit: 1
+ * means -101/-99 around DNAT and 99/101 around SNAT. The kernel allows one
+ * BPF program per hook and priority, so a second svctrace on the same
+ * namespace (a CLI next to the node's agent) gets the next free distance;
+ * the loader sets it before attaching, and events report where they ran. */
+volatile __s32 svt_prio_gap = 1;
+
 static __always_inline __s32 nf_priority_of(__u8 hook, __u8 stage)
 {
 	__s32 nat = (hook == NF_INET_PRE_ROUTING || hook == NF_INET_LOCAL_OUT) ?
 			    SVT_NF_PRIO_DNAT : SVT_NF_PRIO_SNAT;
-	return stage == SVT_STAGE_BEFORE_NAT ? nat - 1 : nat + 1;
+	return stage == SVT_STAGE_BEFORE_NAT ? nat - svt_prio_gap : nat + svt_prio_gap;
 }
 
 static __always_inline void flow_ref_put(struct svt_tuple *t, __u64 ct_id, __u32 svc, __u8 dir)

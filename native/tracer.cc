@@ -20,22 +20,27 @@ namespace {
 
 struct NfAttachPoint {
   int hook;
-  int priority;
+  int nat_priority;  // the NAT hook's: ours sit just before or after it
   bool after_nat;
 };
+
+// Farthest distance from NAT's priority tried when others hold the nearer
+// ones: -120..-101 and -99..-80 around DNAT (between mangle at -150 and
+// filter at 0), 80..99 and 101..120 around SNAT (after security at 50).
+constexpr int kMaxPrioGap = 20;
 
 // Around DNAT on the paths a Service packet enters by (forwarded: PRE_ROUTING;
 // from a local process such as curl on the node: LOCAL_OUT), and around SNAT
 // on the paths it leaves or is delivered by.
 const NfAttachPoint kNfAttachPoints[] = {
-    {NF_INET_PRE_ROUTING, SVT_NF_PRIO_DNAT - 1, false},
-    {NF_INET_PRE_ROUTING, SVT_NF_PRIO_DNAT + 1, true},
-    {NF_INET_LOCAL_OUT, SVT_NF_PRIO_DNAT - 1, false},
-    {NF_INET_LOCAL_OUT, SVT_NF_PRIO_DNAT + 1, true},
-    {NF_INET_POST_ROUTING, SVT_NF_PRIO_SNAT - 1, false},
-    {NF_INET_POST_ROUTING, SVT_NF_PRIO_SNAT + 1, true},
-    {NF_INET_LOCAL_IN, SVT_NF_PRIO_SNAT - 1, false},
-    {NF_INET_LOCAL_IN, SVT_NF_PRIO_SNAT + 1, true},
+    {NF_INET_PRE_ROUTING, SVT_NF_PRIO_DNAT, false},
+    {NF_INET_PRE_ROUTING, SVT_NF_PRIO_DNAT, true},
+    {NF_INET_LOCAL_OUT, SVT_NF_PRIO_DNAT, false},
+    {NF_INET_LOCAL_OUT, SVT_NF_PRIO_DNAT, true},
+    {NF_INET_POST_ROUTING, SVT_NF_PRIO_SNAT, false},
+    {NF_INET_POST_ROUTING, SVT_NF_PRIO_SNAT, true},
+    {NF_INET_LOCAL_IN, SVT_NF_PRIO_SNAT, false},
+    {NF_INET_LOCAL_IN, SVT_NF_PRIO_SNAT, true},
 };
 
 uint32_t GetU32(Napi::Object o, const char* key) {
@@ -218,26 +223,45 @@ Napi::Value Tracer::AttachNetfilter(const Napi::CallbackInfo& info) {
   auto listener = std::make_unique<CtListener>(env, path, NetnsInode(path), services_, bpf_map__fd(skel_->maps.svt_flows),
                                                bpf_map__fd(skel_->maps.svt_flow_state), &skel_->bss->svt_active_flows);
 
+  // The kernel refuses a second BPF program at the same hook and priority
+  // (EBUSY): another svctrace holds them. Try the next distance from NAT,
+  // the same for all eight points; once attached somewhere, an instance
+  // keeps its distance (events report it, one per instance).
   std::vector<bpf_link*> attached;
-  NetnsResult r = RunInNetns(path, [&](NetnsResult& res) {
-    for (const NfAttachPoint& p : kNfAttachPoints) {
-      LIBBPF_OPTS(bpf_netfilter_opts, opts, .pf = NFPROTO_IPV4, .hooknum = (__u32)p.hook,
-                  .priority = p.priority);
-      bpf_program* prog = p.after_nat ? skel_->progs.svt_nf_after_nat : skel_->progs.svt_nf_before_nat;
-      bpf_link* link = bpf_program__attach_netfilter(prog, &opts);
-      if (!link) {
-        res.op = "bpf_program__attach_netfilter";
-        res.detail = "hook " + std::to_string(p.hook) + " priority " + std::to_string(p.priority) + " in " + path;
-        return -errno;
+  NetnsResult r;
+  const int first_gap = prio_gap_ ? prio_gap_ : 1;
+  const int last_gap = prio_gap_ ? prio_gap_ : kMaxPrioGap;
+  int gap = first_gap;
+  for (; gap <= last_gap; gap++) {
+    skel_->data->svt_prio_gap = gap;
+    r = RunInNetns(path, [&](NetnsResult& res) {
+      for (const NfAttachPoint& p : kNfAttachPoints) {
+        const int priority = p.nat_priority + (p.after_nat ? gap : -gap);
+        LIBBPF_OPTS(bpf_netfilter_opts, opts, .pf = NFPROTO_IPV4, .hooknum = (__u32)p.hook, .priority = priority);
+        bpf_program* prog = p.after_nat ? skel_->progs.svt_nf_after_nat : skel_->progs.svt_nf_before_nat;
+        bpf_link* link = bpf_program__attach_netfilter(prog, &opts);
+        if (!link) {
+          res.op = "bpf_program__attach_netfilter";
+          res.detail = "hook " + std::to_string(p.hook) + " priority " + std::to_string(priority) + " in " + path;
+          return -errno;
+        }
+        attached.push_back(link);
       }
-      attached.push_back(link);
-    }
-    return 0;
-  });
-  if (r.err != 0) {
+      return 0;
+    });
+    if (r.err == 0) break;
     for (bpf_link* l : attached) bpf_link__destroy(l);
+    attached.clear();
+    if (r.err != -EBUSY && r.err != EBUSY) break;
+  }
+  if (r.err != 0) {
+    if (r.err == -EBUSY || r.err == EBUSY) {
+      r.detail = prio_gap_ ? "this tracer sits " + std::to_string(prio_gap_) + " from NAT, and that is taken in " + path
+                           : "every priority within " + std::to_string(kMaxPrioGap) + " of NAT is taken in " + path;
+    }
     ThrowErrno(env, r.op, r.err, r.detail);
   }
+  prio_gap_ = gap;
   links_.insert(links_.end(), attached.begin(), attached.end());
   if (!on_batch_.IsEmpty()) listener->Start(env, on_batch_.Value(), "svctrace-ct-listener");
   ct_listeners_.push_back(std::move(listener));

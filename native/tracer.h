@@ -49,6 +49,8 @@ class Tracer : public Napi::ObjectWrap<Tracer> {
   uint64_t ring_bytes_ = 0;
   bool closed_ = false;
   std::vector<bpf_link*> links_;
+  // Distance of this instance's netfilter programs from NAT (0: not attached yet).
+  int prio_gap_ = 0;
   std::unique_ptr<RingReader> reader_;
   std::shared_ptr<ServiceSet> services_ = std::make_shared<ServiceSet>();
   std::vector<std::unique_ptr<CtListener>> ct_listeners_;

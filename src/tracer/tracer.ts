@@ -3,6 +3,7 @@
  * selects the traced services, attaches to network namespaces and delivers
  * decoded events in batches. Native errors become SvctraceErrors.
  */
+import fs from 'node:fs';
 import { fromNativeError, SvctraceError } from '../errors';
 import { decodeBatch, decodeRuleTraces, DecodedBatch, RuleTrace } from '../events/decode';
 import { parseIPv4, ServiceSpec } from '../net/ipv4';
@@ -97,7 +98,12 @@ export class Tracer {
     }
   }
 
-  /** Attaches the netfilter observers inside a network namespace (name or path). */
+  /**
+   * Attaches the netfilter observers inside a network namespace (name or
+   * path). Other svctrace processes on the same namespace are fine: the
+   * addon picks priorities they leave free. When none is left, the error
+   * names them.
+   */
   attachNetns(nameOrPath: string): AttachedNetns {
     const path = resolveNetns(nameOrPath);
     try {
@@ -106,7 +112,17 @@ export class Tracer {
       this.attached.push(a);
       return a;
     } catch (e) {
-      throw fromNativeError(e);
+      const err = fromNativeError(e);
+      if ((e as { code?: string }).code === 'EBUSY') {
+        const others = otherSvctraceProcesses();
+        const named = others.length ? ` (other svctrace processes: ${others.map((o) => `${o.pid} '${o.cmd}'`).join(', ')})` : '';
+        throw new SvctraceError('BPF_ATTACH', `cannot attach in ${nameOrPath}: the netfilter priorities next to NAT are all taken${named}`, {
+          errno: err.errno,
+          op: err.op,
+          cause: e,
+        });
+      }
+      throw err;
     }
   }
 
@@ -256,4 +272,27 @@ export class Tracer {
   get closed(): boolean {
     return this.native === null;
   }
+}
+
+/** Other running svctrace processes (their PID and command line), from /proc. */
+export function otherSvctraceProcesses(): Array<{ pid: number; cmd: string }> {
+  const out: Array<{ pid: number; cmd: string }> = [];
+  let pids: string[] = [];
+  try {
+    pids = fs.readdirSync('/proc').filter((d) => /^\d+$/.test(d));
+  } catch {
+    return out;
+  }
+  for (const p of pids) {
+    const pid = Number(p);
+    if (pid === process.pid) continue;
+    try {
+      const argv = fs.readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0').filter(Boolean);
+      const at = argv.findIndex((a) => /(^|\/)svctrace(\.js)?$/.test(a));
+      if (at >= 0) out.push({ pid, cmd: ['svctrace', ...argv.slice(at + 1)].join(' ').slice(0, 120) });
+    } catch {
+      // gone, or not ours to read
+    }
+  }
+  return out;
 }

@@ -18,9 +18,9 @@ export function kernelTest(name: string, fn: (t: TestContext) => Promise<void> |
 }
 
 /** Netfilter BPF links currently attached on the machine (bpftool's view, independent of svctrace). */
-export function netfilterLinks(): Array<{ id: number; hooknum?: number; prio?: number; prog_id?: number }> {
+export function netfilterLinks(): Array<{ id: number; hook?: number; prio?: number; prog_id?: number }> {
   const out = execFileSync('bpftool', ['-j', 'link', 'list'], { encoding: 'utf8' });
-  const links = JSON.parse(out || '[]') as Array<{ id: number; type: string; hooknum?: number; prio?: number; prog_id?: number }>;
+  const links = JSON.parse(out || '[]') as Array<{ id: number; type: string; hook?: number; prio?: number; prog_id?: number }>;
   return links.filter((l) => l.type === 'netfilter');
 }
 
