@@ -5,8 +5,46 @@
  * packets meet (iptables-nft rules are nftables rules too). Priority -150:
  * after conntrack (-200, so `ct state new` is known), before NAT (-100).
  */
+import fs from 'node:fs';
 import { ServiceSpec } from '../net/ipv4';
 import { runInNetnsSync } from '../netns/netns';
+
+const MARKER_TABLE = /^svctrace_(\d+)$/;
+
+/**
+ * Marker tables whose svctrace is gone (killed with -9, or its namespace
+ * helper died): the table outlives the process, and its chains keep
+ * marking packets for a trace no one reads. Given `nft -j list tables`
+ * output, the names to delete: ours by name, with no live process of that
+ * PID, or a live one that is not svctrace (the PID was reused).
+ */
+export function staleMarkerTables(nftJson: string, alive: (pid: number) => boolean): string[] {
+  let doc: { nftables?: Array<{ table?: { family?: string; name?: string } }> };
+  try {
+    doc = JSON.parse(nftJson);
+  } catch {
+    return [];
+  }
+  const out: string[] = [];
+  for (const item of doc.nftables ?? []) {
+    const t = item.table;
+    const m = t?.family === 'ip' && t.name ? MARKER_TABLE.exec(t.name) : null;
+    if (m && Number(m[1]) !== process.pid && !alive(Number(m[1]))) out.push(t!.name!);
+  }
+  return out;
+}
+
+/** A process with this PID runs svctrace (its command line names it). */
+export function svctraceAlive(pid: number): boolean {
+  try {
+    return fs
+      .readFileSync(`/proc/${pid}/cmdline`, 'utf8')
+      .split('\0')
+      .some((a) => /(^|\/)svctrace(\.js)?$/.test(a));
+  } catch {
+    return false;
+  }
+}
 
 export function markerTableName(): string {
   return `svctrace_${process.pid}`;
@@ -31,11 +69,31 @@ export class RuleMarker {
   private readonly installed: string[] = [];
   readonly table = markerTableName();
 
-  /** Adds the marking table in a namespace; throws if nft is missing or refuses. */
+  /** Adds the marking table in a namespace (first removing those of dead svctrace processes); throws if nft is missing or refuses. */
   install(netnsPath: string, services: ServiceSpec[]): void {
+    this.removeStale(netnsPath);
     this.remove(netnsPath, true);
     nft(netnsPath, ['-f', '-'], markerScript(this.table, services));
     this.installed.push(netnsPath);
+  }
+
+  /** Tables left by svctrace processes that are gone; returns the names removed. */
+  removeStale(netnsPath: string): string[] {
+    let listed: string;
+    try {
+      listed = runInNetnsSync(netnsPath, ['nft', '-j', 'list', 'tables']);
+    } catch {
+      return [];
+    }
+    const stale = staleMarkerTables(listed, svctraceAlive);
+    for (const name of stale) {
+      try {
+        nft(netnsPath, ['delete', 'table', 'ip', name]);
+      } catch {
+        // removed by someone else meanwhile
+      }
+    }
+    return stale;
   }
 
   private remove(netnsPath: string, quiet: boolean): void {

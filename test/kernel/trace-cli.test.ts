@@ -12,6 +12,7 @@ import protobuf from 'protobufjs';
 import { kernelTest, IS_ROOT, netfilterLinks, sleep } from '../helpers/kernel';
 import { waitFor } from '../helpers/flows';
 import { Lab } from '../../src/lab/lab';
+import { runIn } from '../../src/lab/exec';
 
 const ROOT = path.resolve(__dirname, '..', '..', '..');
 const CLI = path.join(ROOT, 'bin', 'svctrace.js');
@@ -63,12 +64,20 @@ describe('svctrace trace CLI (kernel)', () => {
     assert.match(t.err(), /summary: 1 flows/);
   });
 
-  kernelTest('text output and Ctrl-C: timeline, summary, clean detach', async () => {
+  kernelTest('text output and Ctrl-C: timeline, summary, clean detach; a dead svctrace\'s marker table is removed', async () => {
     const web = lab.service('web');
     const linksBefore = netfilterLinks().length;
+    // What `kill -9` leaves: the marker table of a svctrace that is gone (a PID no process has now).
+    const dead = spawn('true');
+    await new Promise((r) => dead.once('exit', r));
+    const stale = `svctrace_${dead.pid}`;
+    await runIn(lab.nodeNetns, ['nft', 'add', 'table', 'ip', stale]);
+    const tables = async () => (await runIn(lab.nodeNetns, ['nft', 'list', 'tables'])).stdout;
     const t = startTrace(['--netns', lab.nodeNetns, '--service', `${web.clusterIP}:80`]);
     assert.ok(await waitFor(() => t.err().includes('Ctrl-C to stop'), 10_000), t.err());
     assert.equal(netfilterLinks().length, linksBefore + 8);
+    assert.doesNotMatch(await tables(), new RegExp(`\\b${stale}\\b`), 'the stale table was removed at start');
+    assert.match(await tables(), new RegExp(`svctrace_${t.child.pid}\\b`));
     for (let i = 0; i < 3; i++) assert.ok((await lab.curl(`http://${web.clusterIP}/`)).ok);
     await sleep(300);
     t.child.kill('SIGINT');

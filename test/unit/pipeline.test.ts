@@ -1,4 +1,5 @@
 import { describe, it } from 'node:test';
+import { staleMarkerTables } from '../../src/pipeline/rule-marker';
 import assert from 'node:assert/strict';
 import { SinkSet, Sink } from '../../src/pipeline/sink';
 import { waitForStop } from '../../src/pipeline/lifecycle';
@@ -74,5 +75,23 @@ describe('waitForStop', () => {
     assert.equal(await stopped, 'signal');
     assert.equal(process.listenerCount('SIGHUP'), before);
     assert.equal(process.listenerCount('SIGINT'), intBefore);
+  });
+});
+
+describe('marker tables left by dead svctrace processes', () => {
+  it('are the svctrace_<pid> tables of the ip family whose PID runs no svctrace', () => {
+    const listed = JSON.stringify({
+      nftables: [
+        { metainfo: { version: '1.0.6' } },
+        { table: { family: 'ip', name: 'svctrace_111', handle: 1 } },
+        { table: { family: 'ip', name: 'svctrace_222', handle: 2 } },
+        { table: { family: 'ip', name: `svctrace_${process.pid}`, handle: 3 } },
+        { table: { family: 'ip', name: 'nat', handle: 4 } },
+        { table: { family: 'ip6', name: 'svctrace_333', handle: 5 } },
+        { table: { family: 'ip', name: 'svctrace_x', handle: 6 } },
+      ],
+    });
+    assert.deepEqual(staleMarkerTables(listed, (pid) => pid === 222), ['svctrace_111']);
+    assert.deepEqual(staleMarkerTables('not json', () => false), []);
   });
 });
