@@ -6,6 +6,7 @@
  * one the operator allowed.
  */
 import crypto from 'node:crypto';
+import net from 'node:net';
 import type { IncomingMessage } from 'node:http';
 
 export { SUBPROTOCOL } from '../client/client';
@@ -53,4 +54,23 @@ export function originOk(req: IncomingMessage, allowed: string[]): boolean {
 
 export function isLoopback(host: string): boolean {
   return host === 'localhost' || host === '::1' || /^127\./.test(host);
+}
+
+/**
+ * DNS rebinding: a page from evil.example, whose name the attacker then
+ * points at 127.0.0.1, reaches a loopback server from the victim's browser
+ * as same-origin: its requests carry `Host: evil.example:PORT`. So the Host
+ * must be an address (a literal cannot be rebound: a page served from it is
+ * this server's own), `localhost`, or a name the operator allowed
+ * (`--allow-host`). Requests without a Host (HTTP/1.0 tools) pass.
+ */
+export function hostOk(req: IncomingMessage, allowedNames: readonly string[]): boolean {
+  const host = req.headers.host;
+  if (host === undefined) return true;
+  const m = /^(?:\[([^\]]+)\]|([^:]+))(?::\d+)?$/.exec(host.trim());
+  if (!m) return false;
+  const name = (m[1] ?? m[2]!).toLowerCase();
+  if (net.isIP(name)) return true;
+  if (name === 'localhost' || name.endsWith('.localhost')) return true;
+  return allowedNames.some((a) => a.toLowerCase() === name);
 }

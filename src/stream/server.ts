@@ -8,7 +8,7 @@ import https from 'node:https';
 import type { Duplex } from 'node:stream';
 import { WebSocketServer } from 'ws';
 import { SvctraceError } from '../errors';
-import { isLoopback, originOk, SUBPROTOCOL, tokenOk } from './auth';
+import { hostOk, isLoopback, originOk, SUBPROTOCOL, tokenOk } from './auth';
 import { Hub, HubSource } from './hub';
 import { StreamLimits } from './limits';
 import type { Registry } from 'prom-client';
@@ -25,6 +25,8 @@ export interface ServeOptions {
   token?: string;
   tls?: { cert: Buffer; key: Buffer };
   allowOrigins?: string[];
+  /** Host names accepted in requests besides addresses and localhost (DNS rebinding; see auth.hostOk). */
+  allowHosts?: string[];
   limits?: Partial<StreamLimits>;
   /** More series for /metrics (the per-Service ones when tracing). */
   metrics?: Registry[];
@@ -105,10 +107,18 @@ export class StreamServer {
 
   private onRequest(req: http.IncomingMessage, res: http.ServerResponse): void {
     const path = (req.url ?? '/').split('?')[0];
+    if (!hostOk(req, this.opts.allowHosts ?? [])) {
+      res.writeHead(403, { 'content-type': 'text/plain' }).end(`Host '${String(req.headers.host).slice(0, 100)}' not allowed: use an address or localhost, or start serve with --allow-host NAME\n`);
+      return;
+    }
     if (path === '/healthz') {
       res.writeHead(200, { 'content-type': 'text/plain' }).end('ok\n');
       return;
     }
+    // The dashboard's page and assets hold no data: served without the
+    // token, so a browser reaches its token form (the stream and /metrics
+    // still need it).
+    if (path !== '/metrics' && path !== EVENTS_PATH && this.opts.staticHandler?.(req, res)) return;
     if (!tokenOk(req, this.opts.token)) {
       res.writeHead(401, { 'content-type': 'text/plain', 'www-authenticate': 'Bearer' }).end('unauthorized\n');
       return;
@@ -124,7 +134,6 @@ export class StreamServer {
       res.writeHead(426, { 'content-type': 'text/plain', upgrade: 'websocket' }).end('use a WebSocket client\n');
       return;
     }
-    if (this.opts.staticHandler?.(req, res)) return;
     res.writeHead(404, { 'content-type': 'text/plain' }).end('not found\n');
   }
 
@@ -132,6 +141,7 @@ export class StreamServer {
     socket.on('error', () => socket.destroy());
     const path = (req.url ?? '/').split('?')[0];
     if (path !== EVENTS_PATH) return rejectUpgrade(socket, 404, 'Not Found');
+    if (!hostOk(req, this.opts.allowHosts ?? [])) return rejectUpgrade(socket, 403, 'Forbidden');
     if (!tokenOk(req, this.opts.token)) return rejectUpgrade(socket, 401, 'Unauthorized', 'WWW-Authenticate: Bearer\r\n');
     if (!originOk(req, this.opts.allowOrigins ?? [])) return rejectUpgrade(socket, 403, 'Forbidden');
     this.wss.handleUpgrade(req, socket, head, (ws) => {

@@ -173,6 +173,23 @@ describe('stream server', () => {
     assert.equal((await get(`${base}/nope`)).status, 404);
   });
 
+  it('DNS rebinding: a request whose Host is a foreign name is refused, addresses and localhost are not', async () => {
+    const port = new URL(url).port;
+    const base = `http://127.0.0.1:${port}`;
+    assert.equal((await get(`${base}/metrics`, { Host: `evil.example:${port}` })).status, 403);
+    assert.equal((await get(`${base}/healthz`, { Host: `evil.example:${port}` })).status, 403);
+    await assert.rejects(new RawClient(url, { headers: { Host: `evil.example:${port}`, Origin: `http://evil.example:${port}` } }).opened, /HTTP 403/);
+    for (const host of [`127.0.0.1:${port}`, `localhost:${port}`, `[::1]:${port}`, `10.0.0.5:${port}`]) assert.equal((await get(`${base}/metrics`, { Host: host })).status, 200, host);
+    const named = await StreamServer.start(syntheticSource(), { listen: '127.0.0.1:0', allowHosts: ['svctrace.internal'] });
+    try {
+      const p = new URL(named.url()).port;
+      assert.equal((await get(`http://127.0.0.1:${p}/metrics`, { Host: `svctrace.internal:${p}` })).status, 200);
+      assert.equal((await get(`http://127.0.0.1:${p}/metrics`, { Host: `other.internal:${p}` })).status, 403);
+    } finally {
+      await named.close();
+    }
+  });
+
   it('refuses a browser from another origin', async () => {
     const evil = new RawClient(url, { headers: { Origin: 'http://evil.example' } });
     await assert.rejects(evil.opened, /HTTP 403/);
@@ -186,7 +203,21 @@ describe('stream server with a token', () => {
   const token = crypto.randomBytes(16).toString('hex');
   let server: StreamServer;
   before(async () => {
-    server = await StreamServer.start(syntheticSource(), { listen: '127.0.0.1:0', token });
+    const page = (req: http.IncomingMessage, res: http.ServerResponse) => {
+      if (req.url !== '/') return false;
+      res.writeHead(200, { 'content-type': 'text/html' }).end('<form>token</form>');
+      return true;
+    };
+    server = await StreamServer.start(syntheticSource(), { listen: '127.0.0.1:0', token, staticHandler: page });
+  });
+
+  it('the dashboard page loads without the token (its form asks for it); the stream and /metrics do not', async () => {
+    const base = server.url().replace('ws://', 'http://').replace('/v1/events', '');
+    const page = await get(`${base}/`);
+    assert.equal(page.status, 200);
+    assert.match(page.body, /token/);
+    assert.equal((await get(`${base}/metrics`)).status, 401);
+    assert.equal((await get(`${base}/nothing-here`)).status, 401);
   });
   after(async () => {
     await server.close();

@@ -12,7 +12,7 @@ import { eventLine } from '../../output/event-line';
 import { DEFAULT_LISTEN, StreamServer } from '../../stream/server';
 import { dashboardHandler } from '../../stream/static';
 import { MAX_SNAPLEN } from '../../events/layout';
-import { addSelectionOptions, parseDuration, readToken, SelectionOptions, selectionOf, servicesFrom } from '../options';
+import { addSelectionOptions, collect, parseDuration, readToken, SelectionOptions, selectionOf, servicesFrom } from '../options';
 import fs from 'node:fs';
 
 function requireFile(path: string): void {
@@ -105,7 +105,8 @@ export function registerEvidence(program: Command): void {
     .option('--listen <host:port>', 'with --serve', DEFAULT_LISTEN)
     .option('--token <token>', 'with --serve: bearer token')
     .option('--token-file <path>', 'with --serve: token file')
-    .action(async (file: string, opts: { output: string; speed: string; serve?: boolean; listen: string; token?: string; tokenFile?: string }) => {
+    .option('--allow-host <name>', 'with --serve: Host name accepted besides addresses and localhost (repeatable)', collect, [])
+    .action(async (file: string, opts: { output: string; speed: string; serve?: boolean; listen: string; token?: string; tokenFile?: string; allowHost: string[] }) => {
       if (opts.output !== 'text' && opts.output !== 'json') throw new SvctraceError('BAD_INPUT', `--output must be text or json, not '${opts.output}'`);
       const speed = parseSpeed(opts.speed);
       requireFile(file);
@@ -125,7 +126,7 @@ export function registerEvidence(program: Command): void {
       }
       const server = await StreamServer.start(
         { services: head.header.services, replay: true, kernelLost: () => Number(head.trailer?.kernelLost ?? 0), activeFlows: () => 0, dropsByReason: () => ({}) },
-        { listen: opts.listen, token: readToken(opts), staticHandler: dashboardHandler() },
+        { listen: opts.listen, token: readToken(opts), allowHosts: opts.allowHost, staticHandler: dashboardHandler() },
       );
       process.stderr.write(`svctrace: replaying ${file} at ${server.url()} when a client connects (Ctrl-C to stop)\n`);
       let stop = false;

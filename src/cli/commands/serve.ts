@@ -26,6 +26,7 @@ interface ServeCliOptions extends SelectionOptions {
   tlsCert?: string;
   tlsKey?: string;
   allowOrigin: string[];
+  allowHost: string[];
   duration?: string;
 }
 
@@ -58,6 +59,7 @@ export function registerServe(program: Command): void {
     .option('--tls-cert <path>', 'serve HTTPS/WSS with this certificate (PEM)')
     .option('--tls-key <path>', 'private key for --tls-cert (PEM)')
     .option('--allow-origin <origin>', 'browser Origin allowed besides the server itself (repeatable)', collect, [])
+    .option('--allow-host <name>', 'Host name accepted besides addresses and localhost, e.g. the name clients use (repeatable; guards against DNS rebinding)', collect, [])
     .option('--duration <seconds>', 'stop after this many seconds (default: until Ctrl-C)')
     .action(async (opts: ServeCliOptions) => {
       const services = await servicesFrom(opts);
@@ -77,7 +79,7 @@ export function registerServe(program: Command): void {
           expected: rules.rules.flatMap((r) => (r.backends ?? []).map((b) => ({ service: r.service ?? '', backend: b.address ?? '', ratio: b.probability ?? 0 }))),
         });
         const m = metrics;
-        const s = await StreamServer.start(source, { listen: opts.listen, token, tls, allowOrigins: opts.allowOrigin, staticHandler: dashboardHandler(), metrics: [m.registry] });
+        const s = await StreamServer.start(source, { listen: opts.listen, token, tls, allowOrigins: opts.allowOrigin, allowHosts: opts.allowHost, staticHandler: dashboardHandler(), metrics: [m.registry] });
         server = s;
         // Classic failures, live: sent to every client as Diagnosis messages,
         // and those in effect as svctrace_diagnosis_active.
