@@ -139,6 +139,20 @@ describe('recordings', () => {
     assert.equal(spawnSync(process.execPath, [CLI, 'verify', '--strict', file]).status, 1);
   });
 
+  it('export never overwrites the recording itself, not even with --force or through a link', () => {
+    const rec = path.join(dir, 'keep.svtr');
+    makeRecording(rec);
+    const before = fs.readFileSync(rec);
+    const link = path.join(dir, 'keep-link.svtr');
+    fs.symlinkSync(rec, link);
+    for (const args of [['--pcapng', rec, '--force'], ['--pcapng', link, '--force'], ['--json', rec, '--force']]) {
+      const r = spawnSync(process.execPath, [CLI, 'export', rec, ...args], { encoding: 'utf8' });
+      assert.equal(r.status, 2, `${args.join(' ')}: ${r.stderr}`);
+      assert.match(r.stderr, /is the recording itself/);
+    }
+    assert.deepEqual(fs.readFileSync(rec), before, 'the recording is untouched');
+  });
+
   it('replay -o json | head -1: ends quietly with exit 0 when its reader is gone (EPIPE)', () => {
     const big = path.join(dir, 'big.svtr');
     const w = new ChunkWriter(big, true);

@@ -14,6 +14,7 @@ import { dashboardHandler } from '../../stream/static';
 import { MAX_SNAPLEN } from '../../events/layout';
 import { addSelectionOptions, collect, parseDuration, readToken, SelectionOptions, selectionOf, servicesFrom } from '../options';
 import fs from 'node:fs';
+import path from 'node:path';
 
 function requireFile(path: string): void {
   let st: fs.Stats;
@@ -151,9 +152,13 @@ export function registerEvidence(program: Command): void {
     .action((file: string, opts: { pcapng?: string; json?: string | boolean; force?: boolean }) => {
       requireFile(file);
       if (!opts.pcapng && !opts.json) throw new SvctraceError('BAD_INPUT', 'give --pcapng OUT or --json [OUT]');
-      for (const out of [opts.pcapng, typeof opts.json === 'string' ? opts.json : undefined]) {
-        if (out && fs.existsSync(out) && !opts.force) throw new SvctraceError('BAD_INPUT', `${out} exists (use --force to overwrite)`);
+      const outs = [opts.pcapng, typeof opts.json === 'string' ? opts.json : undefined].filter((o): o is string => !!o);
+      for (const out of outs) {
+        // Never the evidence itself, whatever --force says (also through links).
+        if (sameFile(out, file)) throw new SvctraceError('BAD_INPUT', `${out} is the recording itself: choose another output`);
+        if (fs.existsSync(out) && !opts.force) throw new SvctraceError('BAD_INPUT', `${out} exists (use --force to overwrite)`);
       }
+      if (outs.length === 2 && sameFile(outs[0]!, outs[1]!)) throw new SvctraceError('BAD_INPUT', '--pcapng and --json name the same file');
       if (opts.pcapng) {
         const r = exportPcapng(file, opts.pcapng);
         reportProblems(r.recording);
@@ -178,4 +183,15 @@ export function registerEvidence(program: Command): void {
       process.stdout.write(text + '\n');
       if (!recording.header) process.exitCode = 1;
     });
+}
+
+/** Two paths name one file: the same inode (through links), or the same path when neither exists yet. */
+function sameFile(a: string, b: string): boolean {
+  try {
+    const sa = fs.statSync(a);
+    const sb = fs.statSync(b);
+    return sa.dev === sb.dev && sa.ino === sb.ino;
+  } catch {
+    return path.resolve(a) === path.resolve(b);
+  }
 }
