@@ -1,5 +1,9 @@
 #include "errors.h"
 
+#include <unistd.h>
+
+#include <vector>
+
 #include <bpf/libbpf.h>
 #include <errno.h>
 #include <stdarg.h>
@@ -34,12 +38,14 @@ int LibbpfPrint(enum libbpf_print_level level, const char* fmt, va_list args) {
   return n;
 }
 
-// True when this process holds what BPF tracing needs (CAP_SYS_ADMIN, or
-// CAP_BPF + CAP_PERFMON + CAP_NET_ADMIN), read from /proc/self/status so a
-// root process with dropped capabilities is told the truth.
-bool HasTracingCapabilities() {
+// The capabilities svctrace needs that this process lacks, read from
+// /proc/self/status (CapEff) so that a root process with some dropped is
+// told which. Netfilter links, netlink groups and nftables need
+// CAP_NET_ADMIN; entering another namespace (setns) CAP_SYS_ADMIN; loading
+// and tracing CAP_BPF + CAP_PERFMON, or CAP_SYS_ADMIN, which covers both.
+std::vector<std::string> MissingCapabilities(const std::string& op) {
   FILE* f = fopen("/proc/self/status", "r");
-  if (!f) return false;
+  if (!f) return {};
   char line[256];
   unsigned long long eff = 0;
   while (fgets(line, sizeof(line), f)) {
@@ -48,7 +54,14 @@ bool HasTracingCapabilities() {
   fclose(f);
   auto has = [&](int bit) { return (eff >> bit) & 1ULL; };
   const int kNetAdmin = 12, kSysAdmin = 21, kPerfmon = 38, kBpf = 39;
-  return has(kSysAdmin) || (has(kBpf) && has(kPerfmon) && has(kNetAdmin));
+  std::vector<std::string> missing;
+  if (!has(kNetAdmin)) missing.push_back("CAP_NET_ADMIN");
+  if (!has(kSysAdmin)) {
+    if (op == "setns") missing.push_back("CAP_SYS_ADMIN");
+    if (!has(kBpf)) missing.push_back("CAP_BPF");
+    if (!has(kPerfmon)) missing.push_back("CAP_PERFMON");
+  }
+  return missing;
 }
 
 }  // namespace
@@ -64,12 +77,20 @@ std::string DescribeFailure(const std::string& op, int err, const std::string& d
   if (err < 0) err = -err;
   std::string what = detail.empty() ? op : op + " (" + detail + ")";
   std::string sentence = what + " failed: " + strerror(err);
-  if ((err == EPERM || err == EACCES) && HasTracingCapabilities()) {
-    sentence = "refused by the kernel although running as root (" + what + ": " + strerror(err) +
-               "): the feature is disabled or locked down on this kernel";
-  } else if (err == EPERM || err == EACCES) {
-    sentence = "not permitted: run as root or with CAP_BPF+CAP_NET_ADMIN+CAP_PERFMON (" + what +
-               ": " + strerror(err) + ")";
+  if (err == EPERM || err == EACCES) {
+    const std::vector<std::string> missing = MissingCapabilities(op);
+    std::string names;
+    for (const std::string& m : missing) names += (names.empty() ? "" : "+") + m;
+    if (missing.empty()) {
+      sentence = "refused by the kernel although svctrace holds the capabilities it needs (" + what + ": " +
+                 strerror(err) + "): the feature is disabled or locked down on this kernel";
+    } else if (geteuid() == 0) {
+      sentence = "not permitted: this root process lacks " + names + " (dropped from its capability set?) (" + what +
+                 ": " + strerror(err) + ")";
+    } else {
+      sentence = "not permitted: run as root or with CAP_BPF+CAP_NET_ADMIN+CAP_PERFMON (" + what + ": " +
+                 strerror(err) + ")";
+    }
   } else if (op == "bpf_program__attach_netfilter" && (err == EINVAL || err == EOPNOTSUPP)) {
     sentence = "netfilter BPF links need Linux >= 6.4 with CONFIG_NETFILTER_BPF_LINK=y (" + what +
                ": " + strerror(err) + ")";

@@ -59,6 +59,7 @@ export function fromNativeError(e: unknown): SvctraceError {
   let code: SvctraceErrorCode = 'INTERNAL';
   if (e.code === 'EPERM' || e.code === 'EACCES') code = 'NOT_PERMITTED';
   else if (e.op === 'open netns' && e.code === 'ENOENT') code = 'NETNS_NOT_FOUND';
+  else if (e.op === 'setns' && e.code === 'EINVAL') code = 'BAD_INPUT'; // the file given is not a network namespace
   else if (e.op === 'bpf_object__load') code = 'BPF_LOAD';
   else if (e.op?.startsWith('bpf_program__attach')) code = 'BPF_ATTACH';
   if (code === 'BPF_ATTACH' && (e.code === 'EINVAL' || e.code === 'EOPNOTSUPP')) code = 'KERNEL_UNSUPPORTED';

@@ -33,7 +33,25 @@ export function resolveNetns(nameOrPath: string): string {
   if (!fs.existsSync(p)) {
     throw new SvctraceError('NETNS_NOT_FOUND', `network namespace '${nameOrPath}' not found (${p}); see 'ip netns list'`);
   }
+  if (!isNamespaceFile(p)) {
+    throw new SvctraceError('BAD_INPUT', `'${nameOrPath}' is not a network namespace (give a name from 'ip netns list' or a path like /proc/PID/ns/net)`);
+  }
   return p;
+}
+
+/** nsfs's magic number (linux/magic.h): namespace files, /proc/PID/ns/* and their bind mounts. */
+const NSFS_MAGIC = 0x6e736673;
+
+function isNamespaceFile(p: string): boolean {
+  if (p === CURRENT_NETNS) return true;
+  try {
+    if (fs.statfsSync(p).type !== NSFS_MAGIC) return false;
+  } catch {
+    return true; // cannot tell here: setns will say
+  }
+  // /proc/PID/ns/<type> names its type; a bind mount (/run/netns/X) is a network one by convention.
+  const m = /^\/proc\/(?:\d+|self|thread-self)\/(?:task\/\d+\/)?ns\/([a-z_]+)$/.exec(p);
+  return !m || m[1] === 'net';
 }
 
 /**

@@ -50,12 +50,28 @@ describe('CLI errors', () => {
     assert.equal(r.status, 2);
   });
 
+  kernelTest('a file that is not a network namespace: bad input, exit 2', async () => {
+    for (const ns of ['/etc/passwd', '/proc/self/ns/uts']) {
+      const r = svctrace(['trace', '--service', '10.96.0.100:80', '--netns', ns, '--duration', '1']);
+      assertOneLineError(r, /is not a network namespace/);
+      assert.equal(r.status, 2, ns);
+    }
+  });
+
   kernelTest('attach without privileges: capabilities dropped with setpriv', async () => {
     // Root without any capability (empty bounding set): the kernel refuses.
     const r = svctrace(['trace', '--service', '10.96.0.100:80', '--duration', '1'], [
       'setpriv', '--bounding-set=-all', '--inh-caps=-all', '--',
     ]);
-    assertOneLineError(r, /not permitted: run as root or with CAP_BPF\+CAP_NET_ADMIN\+CAP_PERFMON/);
+    assertOneLineError(r, /not permitted: this root process lacks CAP_NET_ADMIN\+CAP_BPF\+CAP_PERFMON/);
+    assert.equal(r.status, 77);
+  });
+
+  kernelTest('root without CAP_NET_ADMIN alone: the error names that capability', async () => {
+    // Loading works (CAP_SYS_ADMIN covers BPF); the first netfilter/netlink step is refused, before anything is attached.
+    const r = svctrace(['trace', '--service', '10.96.0.100:80', '--duration', '1'], ['setpriv', '--bounding-set=-net_admin', '--inh-caps=-net_admin', '--']);
+    assertOneLineError(r, /not permitted: this root process lacks CAP_NET_ADMIN \(/);
+    assert.doesNotMatch(r.stderr, /locked down/);
     assert.equal(r.status, 77);
   });
 });
