@@ -7,6 +7,7 @@ export type SvctraceErrorCode =
   | 'BAD_INPUT' // a flag, address or argument the user gave is wrong
   | 'NOT_PERMITTED' // needs root or CAP_BPF+CAP_NET_ADMIN+CAP_PERFMON
   | 'NETNS_NOT_FOUND' // the named network namespace does not exist
+  | 'NETNS_GONE' // every traced network namespace was deleted while tracing
   | 'KERNEL_UNSUPPORTED' // the kernel lacks a feature the core path needs
   | 'BPF_LOAD' // the verifier rejected a program
   | 'BPF_ATTACH' // attaching a program or link failed

@@ -12,4 +12,5 @@ export const EXIT_CODES: Record<SvctraceErrorCode, number> = {
   NATIVE_MISSING: 5,
   LAB: 6,
   STREAM: 7,
+  NETNS_GONE: 8,
 };

@@ -13,6 +13,7 @@
  * the hooks attached and events delivered. stop: the kernel source stops,
  * in-flight batches land, the sinks close in order, the API watch stops.
  */
+import fs from 'node:fs';
 import { SvctraceError } from '../errors';
 import { loadBinding } from '../native/binding';
 import { discover } from '../discovery/discover';
@@ -96,6 +97,8 @@ const DRAIN_MS = 2000;
 /** Kernel flow state with no packet for this long is expired (its end was never reported), checked this often. */
 const FLOW_STATE_IDLE_MS = 30 * 60_000;
 const FLOW_STATE_SWEEP_MS = 30_000;
+/** How often the traced namespaces are checked for deletion. */
+const NETNS_CHECK_EVERY_MS = 1000;
 /** How often freed native memory is given back to the system (see Pipeline.start). */
 const RELEASE_FREE_MEMORY_EVERY_MS = 1000;
 
@@ -105,6 +108,10 @@ export class Pipeline {
   private expiryTimer: NodeJS.Timeout | undefined;
   private sweepTimer: NodeJS.Timeout | undefined;
   private memoryTimer: NodeJS.Timeout | undefined;
+  private netnsTimer: NodeJS.Timeout | undefined;
+  private readonly netnsGoneCtl = new AbortController();
+  /** Traced namespaces deleted while tracing (their paths). */
+  readonly goneNetns: string[] = [];
   /** False once the kernel source stopped: nothing reaches the sinks after that. */
   private delivering = true;
   private stopped: Promise<PipelineResult> | undefined;
@@ -170,6 +177,8 @@ export class Pipeline {
       const binding = loadBinding();
       p.memoryTimer = setInterval(() => binding.releaseFreeMemory(), RELEASE_FREE_MEMORY_EVERY_MS);
       p.memoryTimer.unref();
+      p.netnsTimer = setInterval(() => p!.checkNamespaces(), NETNS_CHECK_EVERY_MS);
+      p.netnsTimer.unref();
       return p;
     } catch (e) {
       if (p) await p.stop().catch(() => undefined);
@@ -249,6 +258,40 @@ export class Pipeline {
   }
 
   /** Expires flows closed past the grace period or idle, and tells the sinks. */
+  /** Fires once every traced namespace was deleted: nothing more can come. */
+  get allNetnsGone(): AbortSignal {
+    return this.netnsGoneCtl.signal;
+  }
+
+  /**
+   * A namespace is gone when its path no longer names the namespace we
+   * attached in (`ip netns del`, a pod deleted): its links and listeners
+   * see nothing more. Said once per namespace; the others go on.
+   */
+  checkNamespaces(): void {
+    const attached = this.tracer.attached;
+    for (const a of attached) {
+      if (a.path === CURRENT_NETNS || this.goneNetns.includes(a.path)) continue;
+      let ino: number | undefined;
+      try {
+        ino = fs.statSync(a.path).ino;
+      } catch {
+        ino = undefined;
+      }
+      if (ino === a.netnsIno) continue;
+      this.goneNetns.push(a.path);
+      const left = attached.length - this.goneNetns.length;
+      this.onWarning(`network namespace ${a.path} was deleted: nothing more can be seen there${left ? ` (${left} still traced)` : ''}`);
+    }
+    if (attached.length && this.goneNetns.length === attached.length) this.netnsGoneCtl.abort();
+  }
+
+  /** After stop: the trace ended because its namespaces were deleted (NETNS_GONE, exit 8). */
+  throwIfNetnsGone(): void {
+    if (!this.netnsGoneCtl.signal.aborted) return;
+    throw new SvctraceError('NETNS_GONE', `the traced network namespace${this.goneNetns.length > 1 ? 's' : ''} ${this.goneNetns.join(', ')} ${this.goneNetns.length > 1 ? 'were' : 'was'} deleted: tracing stopped`);
+  }
+
   expireNow(): Flow[] {
     const gone = this.table.expire(this.tracer.deliveredThrough());
     if (gone.length) this.sinks.expired(gone);
@@ -283,6 +326,7 @@ export class Pipeline {
     clearInterval(this.expiryTimer);
     clearInterval(this.sweepTimer);
     clearInterval(this.memoryTimer);
+    clearInterval(this.netnsTimer);
     this.rulePaths?.stop();
     await this.tracer.drain(DRAIN_MS);
     this.refreshCounters(); // the summary counts every packet so far

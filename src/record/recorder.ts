@@ -110,12 +110,15 @@ export async function record(opts: RecordOptions): Promise<pb.IRecordingTrailer>
   const started = Date.now();
   const progressTimer = setInterval(() => opts.onProgress?.({ events: sink.events, bytes: sink.bytes, elapsedS: (Date.now() - started) / 1000 }), 1000);
   try {
-    const why = await waitForStop(opts.durationS, sizeReached.signal);
+    const why = await waitForStop(opts.durationS, AbortSignal.any([sizeReached.signal, pipeline.allNetnsGone]));
+    if (pipeline.allNetnsGone.aborted) stopReason ??= 'netns-deleted';
     stopReason ??= why === 'timeout' ? 'duration' : 'signal';
   } finally {
     clearInterval(progressTimer);
     await pipeline.stop();
   }
   if (!sink.trailer) throw new SvctraceError('INTERNAL', `${opts.path}: the recording could not be completed`);
+  // The recording is complete (its trailer says why it ended); the command still fails.
+  pipeline.throwIfNetnsGone();
   return sink.trailer;
 }

@@ -6,7 +6,7 @@
  */
 import { after, before, describe } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, ChildProcess } from 'node:child_process';
+import { execFileSync, spawn, ChildProcess } from 'node:child_process';
 import path from 'node:path';
 import protobuf from 'protobufjs';
 import { kernelTest, IS_ROOT, netfilterLinks, sleep } from '../helpers/kernel';
@@ -91,5 +91,25 @@ describe('svctrace trace CLI (kernel)', () => {
     assert.match(t.err(), /new flows per backend/);
     assert.match(t.err(), /lost: 0/);
     assert.equal(netfilterLinks().length, linksBefore, 'links detached after Ctrl-C');
+  });
+
+  kernelTest('a traced namespace deleted while tracing: said, and trace ends with exit 8', async () => {
+    // A namespace of its own (named like the lab's, so a crashed run's leftover is cleaned up with them).
+    const ns = `svt-${process.pid}-${Date.now().toString(16)}-gone`;
+    execFileSync('ip', ['netns', 'add', ns]);
+    let deleted = false;
+    try {
+      const t = startTrace(['--netns', ns, '--service', '10.96.0.100:80', '--duration', '60']);
+      assert.ok(await waitFor(() => t.err().includes('Ctrl-C to stop'), 10_000), t.err());
+      execFileSync('ip', ['netns', 'del', ns]);
+      deleted = true;
+      const code = await Promise.race([t.exited, sleep(15_000).then(() => 'timeout' as const)]);
+      if (code === 'timeout') t.child.kill('SIGKILL');
+      assert.equal(code, 8, t.err());
+      assert.match(t.err(), /network namespace \/run\/netns\/svt-\S+-gone was deleted/);
+      assert.match(t.err(), /summary: 0 flows/, 'the summary is still printed');
+    } finally {
+      if (!deleted) execFileSync('ip', ['netns', 'del', ns], { stdio: 'ignore' });
+    }
   });
 });

@@ -96,10 +96,11 @@ export function registerServe(program: Command): void {
       );
       const url = server!.url();
       process.stderr.write(`svctrace: tracing ${services.map((s) => s.text).join(', ')}; streaming at ${url} (dashboard: ${url.replace(/^ws/, 'http').replace('/v1/events', '/')}; Ctrl-C to stop)\n`);
-      await waitForStop(duration);
+      await waitForStop(duration, pipeline.allNetnsGone);
       conntrack.stop();
       const { summary, stats } = await pipeline.stop();
       memory.stop();
       process.stderr.write(formatSummary(summary, stats, pipeline.backendName) + '\n' + `  ${memory.describe()}\n`);
+      pipeline.throwIfNetnsGone();
     });
 }

@@ -37,8 +37,9 @@ export function registerTrace(program: Command): void {
             ],
       );
       process.stderr.write(`svctrace: tracing ${services.map((s) => s.text).join(', ')}; Ctrl-C to stop\n`);
-      await waitForStop(duration);
+      await waitForStop(duration, pipeline.allNetnsGone);
       const { summary, stats } = await pipeline.stop();
       process.stderr.write(formatSummary(summary, stats, pipeline.backendName) + '\n');
+      pipeline.throwIfNetnsGone();
     });
 }
