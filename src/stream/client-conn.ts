@@ -82,6 +82,10 @@ export class ClientConn {
       this.closeWith(CLOSE.POLICY, 'LIMIT', `more than ${this.limits.maxClientMessagesPerSecond} messages per second`);
       return;
     }
+    if (data.length > this.limits.maxClientMessageBytes) {
+      this.closeWith(CLOSE.TOO_BIG, 'TOO_BIG', `client messages are at most ${this.limits.maxClientMessageBytes} bytes (got ${data.length})`);
+      return;
+    }
     if (!isBinary) {
       this.sendControl(errorFrame('BAD_MESSAGE', 'send binary svctrace.v1.ClientMessage frames, not text'), true);
       return;

@@ -1,6 +1,6 @@
 /** The streaming server's limits and timings; every one is a guard against a client hurting others. */
 export interface StreamLimits {
-  /** Largest client frame accepted (clients only send small control messages). */
+  /** Largest client frame accepted (clients only send small control messages); up to 4x this is read and answered with an Error (64 clients x 256 KiB at most), beyond it the connection is cut. */
   maxClientMessageBytes: number;
   /** Clients connected at once. */
   maxClients: number;
@@ -42,6 +42,7 @@ export const CLOSE = {
   TOO_SLOW: 4008,
   POLICY: 1008,
   TOO_MANY_CLIENTS: 1013,
+  TOO_BIG: 1009,
   SHUTDOWN: 1001,
   BAD_DATA: 1007,
 } as const;

@@ -61,14 +61,22 @@ export class StreamServer {
     this.registries = [serverRegistry(this.hub, source), ...(opts.metrics ?? [])];
     this.wss = new WebSocketServer({
       noServer: true,
-      maxPayload: this.hub.limits.maxClientMessageBytes,
+      // A frame up to 4x the limit is read, so that its sender is told why
+      // it is closed (an Error message, then 1009); past that ws cuts it.
+      maxPayload: this.hub.limits.maxClientMessageBytes * 4,
       perMessageDeflate: false, // protobuf batches compress poorly per frame; CPU matters more
       handleProtocols: (protocols) => (protocols.has(SUBPROTOCOL) ? SUBPROTOCOL : false),
     });
     const handler = (req: http.IncomingMessage, res: http.ServerResponse) => this.onRequest(req, res);
     this.server = opts.tls ? https.createServer({ cert: opts.tls.cert, key: opts.tls.key }, handler) : http.createServer(handler);
     this.server.on('upgrade', (req, socket, head) => this.onUpgrade(req, socket, head));
-    this.server.on('clientError', (_err, socket) => socket.destroy());
+    // Malformed HTTP gets a status line, not a silently closed socket:
+    // 431 for oversized headers or URL, 400 for the rest (TE+CL, garbage).
+    this.server.on('clientError', (err: NodeJS.ErrnoException, socket: Duplex) => {
+      if (!socket.writable) return socket.destroy();
+      const status = err.code === 'HPE_HEADER_OVERFLOW' ? '431 Request Header Fields Too Large' : err.code === 'ERR_HTTP_REQUEST_TIMEOUT' ? '408 Request Timeout' : '400 Bad Request';
+      socket.end(`HTTP/1.1 ${status}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n`);
+    });
   }
 
   static async start(source: HubSource, opts: ServeOptions = {}): Promise<StreamServer> {

@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import http from 'node:http';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { execFileSync } from 'node:child_process';
@@ -131,12 +132,19 @@ describe('stream server', () => {
     assert.ok(bad.errors.some((e) => e.code === 'BAD_FILTER' && /at most/.test(e.message!)));
     assert.ok(bad.errors.some((e) => e.code === 'BAD_MESSAGE'));
     assert.equal(bad.closed, null, 'a bad message does not close the connection');
-    // A frame over the size limit closes only that connection.
+    // A frame over the size limit closes only that connection, and its sender is told why.
     const huge = new RawClient(url);
     await huge.opened;
     huge.ws.send(Buffer.alloc(200 * 1024));
     assert.ok(await waitFor(() => huge.closed !== null, 3000));
     assert.equal(huge.closed!.code, 1009);
+    assert.ok(huge.errors.some((e) => e.code === 'TOO_BIG' && /at most 65536 bytes/.test(e.message!)), `errors: ${JSON.stringify(huge.errors)}`);
+    // Far beyond it, ws cuts the connection itself (1009 still).
+    const giant = new RawClient(url);
+    await giant.opened;
+    giant.ws.send(Buffer.alloc(2 * 1024 * 1024));
+    assert.ok(await waitFor(() => giant.closed !== null, 3000));
+    assert.equal(giant.closed!.code, 1009);
     server.publish([makeEvent(7)]);
     assert.ok(await waitFor(() => good.eventCount === 1, 3000), 'the good client still gets events');
     good.ws.close();
@@ -188,6 +196,23 @@ describe('stream server', () => {
     } finally {
       await named.close();
     }
+  });
+
+  it('malformed HTTP gets a status line: 431 for a huge URL or header, 400 for TE+CL', async () => {
+    const port = Number(new URL(url).port);
+    const raw = (req: string) =>
+      new Promise<string>((resolve) => {
+        let got = '';
+        const s = net.connect(port, '127.0.0.1', () => s.write(req));
+        s.on('data', (d) => (got += d));
+        s.on('close', () => resolve(got));
+        s.on('error', () => resolve(got));
+        setTimeout(() => s.destroy(), 3000).unref();
+      });
+    assert.match(await raw(`GET /${'a'.repeat(100 * 1024)} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n`), /^HTTP\/1\.1 431 /);
+    assert.match(await raw(`GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ${'b'.repeat(20 * 1024)}\r\n\r\n`), /^HTTP\/1\.1 431 /);
+    assert.match(await raw('POST /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n'), /^HTTP\/1\.1 400 /);
+    assert.equal((await get(`${url.replace('ws://', 'http://').replace('/v1/events', '')}/healthz`)).status, 200, 'still serving');
   });
 
   it('refuses a browser from another origin', async () => {
