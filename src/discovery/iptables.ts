@@ -158,7 +158,9 @@ export function parseIptablesSave(save: string): Discovery {
     const svcChain = ext.startsWith('KUBE-SVC-') ? ext : extRules.find((x) => x.target?.startsWith('KUBE-SVC-'))?.target;
     const s = svcChain ? byChainName.get(svcChain) : undefined;
     if (!s) continue;
-    s.nodePorts.push(Number(r.opt('--dport') ?? 0));
+    // kube-proxy writes a NodePort more than once (e.g. one rule per traffic policy / source): list it once.
+    const port = Number(r.opt('--dport') ?? 0);
+    if (!s.nodePorts.includes(port)) s.nodePorts.push(port);
     if (extRules.some((x) => x.target === 'KUBE-MARK-MASQ' && !x.opt('-s'))) s.nodePortMasquerade = true;
   }
 

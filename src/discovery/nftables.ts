@@ -136,7 +136,8 @@ export function parseNftKubeProxy(text: string): Discovery {
         const s = byChain.get(svcChain);
         if (s && ext.some((r) => /^jump mark-for-masquerade$/.test(r))) s.nodePortMasquerade = true;
       }
-      byChain.get(svcChain)?.nodePorts.push(Number(m[2]));
+      const svc = byChain.get(svcChain);
+      if (svc && !svc.nodePorts.includes(Number(m[2]))) svc.nodePorts.push(Number(m[2]));
     }
   }
 

@@ -128,9 +128,15 @@ export function formatExplanation(e: Explanation): string {
   } else {
     L.push(`${s.name}  ${s.clusterIP}:${s.port}/${s.proto}  (kube-proxy ${s.source} mode, namespace ${e.netns})`);
     const chainPath =
-      s.source === 'iptables' ? `KUBE-SERVICES -> ${s.chain || '(none)'} -> KUBE-SEP-*`
-      : s.source === 'ipvs' ? `IPVS virtual service ${s.clusterIP}:${s.port} (${s.chain.replace('ipvs ', 'scheduler ')}) -> real servers`
-      : `services -> @service-ips -> ${s.chain || '(none)'} -> endpoint-*`;
+      !s.chain && s.rejects
+        ? s.source === 'iptables'
+          ? 'KUBE-SERVICES in the filter table REJECTs it (no endpoints): connections are refused'
+          : '@no-endpoint-services -> reject-chain (no endpoints): connections are refused'
+        : !s.chain
+          ? 'no service chain found: nothing DNATs it'
+          : s.source === 'iptables' ? `KUBE-SERVICES -> ${s.chain} -> KUBE-SEP-*`
+          : s.source === 'ipvs' ? `IPVS virtual service ${s.clusterIP}:${s.port} (${s.chain.replace('ipvs ', 'scheduler ')}) -> real servers`
+          : `services -> @service-ips -> ${s.chain} -> endpoint-*`;
     L.push(`  rules: ${chainPath}`);
     L.push(`  masquerade: ${s.masqueradeUnless ? `connections from outside ${s.masqueradeUnless} to the ClusterIP are masqueraded` : 'ClusterIP traffic is not masqueraded'}`);
     L.push(`  NodePorts: ${s.nodePorts.length ? `${s.nodePorts.join(', ')}${s.nodePortMasquerade ? ' (masqueraded: pods see the node, not the client)' : ' (client address kept)'}` : 'none'}`);

@@ -10,6 +10,7 @@ import { parseIptablesSave, splitRule } from '../../src/discovery/iptables';
 import { parseNftKubeProxy } from '../../src/discovery/nftables';
 import { findByName, findByAddress } from '../../src/discovery/model';
 import { parseIpvsadm } from '../../src/discovery/ipvs';
+import { formatExplanation } from '../../src/explain/explain';
 import { KubeService, renderFilterTable, renderNatTable, renderNftKubeProxy } from '../../src/lab/kube-rules';
 
 const eps = [10, 11, 12].map((h) => ({ ip: `10.244.1.${h}`, port: 8080 }));
@@ -43,10 +44,21 @@ describe('iptables-save discovery', () => {
     assert.equal(d.masqueradeRule, true);
   });
 
-  it('marks services without endpoints (REJECT)', () => {
+  it('marks services without endpoints (REJECT), and explain says so instead of an empty chain', () => {
     const empty = findByName(d, 'default/empty:http')[0]!;
     assert.equal(empty.rejects, true);
     assert.equal(empty.endpoints.length, 0);
+    const text = formatExplanation({ target: 'default/empty', netns: 'node', mode: d.mode, service: empty, backends: [], diagnoses: [] });
+    assert.match(text, /rules: KUBE-SERVICES in the filter table REJECTs it \(no endpoints\)/);
+    assert.doesNotMatch(text, /\(none\)/);
+  });
+
+  it('lists a NodePort once when kube-proxy writes it in several KUBE-NODEPORTS rules', () => {
+    const nodeport = save.split('\n').find((l) => l.startsWith('-A KUBE-NODEPORTS '))!;
+    const twice = save.replace(nodeport, `${nodeport}\n${nodeport.replace('-A KUBE-NODEPORTS ', '-A KUBE-NODEPORTS -d 127.0.0.0/8 ')}`);
+    const web = findByName(parseIptablesSave(twice), 'default/web')[0]!;
+    assert.deepEqual(web.nodePorts, [30080]);
+    assert.match(formatExplanation({ target: 'default/web', netns: 'node', mode: 'iptables', service: web, backends: [], diagnoses: [] }), /NodePorts: 30080 \(/);
   });
 
   it('reads session affinity from -m recent rules', () => {
