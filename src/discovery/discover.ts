@@ -39,5 +39,9 @@ export async function discover(netnsPath: string = CURRENT_NETNS): Promise<Disco
     const d = parseIptablesSave(legacy.stdout);
     if (d.mode !== 'none') return { ...d, backend: 'legacy', warnings: [...warnings, ...d.warnings] };
   }
-  return { mode: 'none', services: [], masqueradeRule: false, warnings };
+  const refused = [nft, ipt].map((r) => r.stderr).find((e) => PERMISSION.test(e));
+  return { mode: 'none', services: [], masqueradeRule: false, warnings, ...(refused && ipt.code !== 0 ? { unreadable: refused.trim().split('\n')[0]! } : {}) };
 }
+
+/** What nft and iptables say when they may not read the rules (not root, no CAP_NET_ADMIN). */
+const PERMISSION = /permission denied|operation not permitted|you must be root|must be run as root/i;

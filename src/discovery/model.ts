@@ -41,6 +41,8 @@ export interface Discovery {
   /** Whether the MASQUERADE rule for marked packets is present. */
   masqueradeRule: boolean;
   warnings: string[];
+  /** Set when the rules could not be read at all (not root): why. "mode none" then means nothing. */
+  unreadable?: string;
 }
 
 /** "ns/name:port" or "ns/name" -> the services it names. */

@@ -4,6 +4,7 @@
  * trailer with the counters when the recording ends (duration, size limit or
  * signal).
  */
+import fs from 'node:fs';
 import os from 'node:os';
 import Long from 'long';
 import { longFromBigint } from '../flows/to-proto';
@@ -40,6 +41,8 @@ export interface RecordOptions {
   onWarning?: (message: string) => void;
   /** Called about once a second with progress. */
   onProgress?: (p: { events: number; bytes: number; elapsedS: number }) => void;
+  /** Tracing runs and the recording is being written (the hooks are attached). */
+  onStarted?: () => void;
 }
 
 function mono(): Long {
@@ -59,6 +62,9 @@ export async function record(opts: RecordOptions): Promise<pb.IRecordingTrailer>
   let stopReason: string | undefined;
   const sizeReached = new AbortController();
   let events: RecordingSink | undefined;
+  let created = false;
+  // A recording that never started tracing (refused attach, bad namespace)
+  // is no evidence of anything: it is removed, not left half-written.
   const pipeline = await Pipeline.start(
     {
       services: opts.services,
@@ -72,6 +78,7 @@ export async function record(opts: RecordOptions): Promise<pb.IRecordingTrailer>
     },
     async (ctx) => {
       const writer = createWriter(opts.path, opts.overwrite);
+      created = true;
       const doctor = runDoctor();
       writer.write(
         ChunkType.HEADER,
@@ -105,8 +112,12 @@ export async function record(opts: RecordOptions): Promise<pb.IRecordingTrailer>
       });
       return [events];
     },
-  );
+  ).catch((e: unknown) => {
+    if (created) fs.rmSync(opts.path, { force: true });
+    throw e;
+  });
   const sink = events!;
+  opts.onStarted?.();
   const started = Date.now();
   const progressTimer = setInterval(() => opts.onProgress?.({ events: sink.events, bytes: sink.bytes, elapsedS: (Date.now() - started) / 1000 }), 1000);
   try {

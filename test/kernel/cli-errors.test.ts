@@ -4,6 +4,8 @@
  */
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
+import os from 'node:os';
+import fs from 'node:fs';
 import { spawnSync } from 'node:child_process';
 import path from 'node:path';
 import { kernelTest } from '../helpers/kernel';
@@ -65,6 +67,36 @@ describe('CLI errors', () => {
     ]);
     assertOneLineError(r, /not permitted: this root process lacks CAP_NET_ADMIN\+CAP_BPF\+CAP_PERFMON/);
     assert.equal(r.status, 77);
+  });
+
+  kernelTest('explain as a user who cannot read the rules: says so, never a false RULES_MISSING', async () => {
+    const r = svctrace(['explain', '10.96.0.100:80'], ['setpriv', '--reuid=65534', '--regid=65534', '--clear-groups', '--']);
+    assertOneLineError(r, /cannot read the node's kube-proxy rules \(.*\): run as root/);
+    assert.doesNotMatch(r.stdout + r.stderr, /RULES_MISSING/);
+    assert.equal(r.status, 77);
+  });
+
+  kernelTest('a record that cannot attach leaves no half-written recording behind', async () => {
+    const out = path.join(os.tmpdir(), `svctrace-noattach-${process.pid}.svtr`);
+    fs.rmSync(out, { force: true });
+    const r = svctrace(['record', '-o', out, '--service', '10.96.0.100:80', '--duration', '1'], ['setpriv', '--bounding-set=-net_admin', '--inh-caps=-net_admin', '--']);
+    assertOneLineError(r, /lacks CAP_NET_ADMIN/);
+    assert.equal(r.status, 77);
+    assert.equal(fs.existsSync(out), false, `${out} was left behind`);
+  });
+
+  kernelTest('verify of a file it may not read: not permitted (77), never "altered" (1)', async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'svctrace-unreadable-'));
+    try {
+      fs.chmodSync(dir, 0o755);
+      const file = path.join(dir, 'secret.svtr');
+      fs.writeFileSync(file, 'SVTR', { mode: 0o600 });
+      const r = svctrace(['verify', file], ['setpriv', '--reuid=65534', '--regid=65534', '--clear-groups', '--']);
+      assertOneLineError(r, /cannot read .*secret\.svtr: permission denied/);
+      assert.equal(r.status, 77);
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   kernelTest('root without CAP_NET_ADMIN alone: the error names that capability', async () => {

@@ -24,6 +24,12 @@ function requireFile(path: string): void {
     throw new SvctraceError('BAD_INPUT', `cannot read ${path}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
   }
   if (!st.isFile()) throw new SvctraceError('BAD_INPUT', `${path} is not a file`);
+  // Unreadable is not "altered" (verify's exit 1): say so, with its own code.
+  try {
+    fs.accessSync(path, fs.constants.R_OK);
+  } catch (e) {
+    throw new SvctraceError('NOT_PERMITTED', `cannot read ${path}: ${(e as NodeJS.ErrnoException).code === 'EACCES' ? 'permission denied' : (e as Error).message}`);
+  }
 }
 
 function parseSnaplen(v: string): number {
@@ -63,8 +69,8 @@ export function registerEvidence(program: Command): void {
         maxBytes = mb * 1024 * 1024;
       }
       const tty = !!process.stderr.isTTY;
-      process.stderr.write(`svctrace: recording ${services.map((s) => s.text).join(', ')} to ${opts.output}; Ctrl-C to stop\n`);
       const trailer = await record({
+        onStarted: () => process.stderr.write(`svctrace: recording ${services.map((s) => s.text).join(', ')} to ${opts.output}; Ctrl-C to stop\n`),
         ...selectionOf(opts, services),
         path: opts.output,
         snaplen: parseSnaplen(opts.snaplen),
