@@ -161,6 +161,20 @@ export function* iterChunks(path: string): Generator<Chunk, WalkResult, void> {
         break;
       }
       const need = CHUNK_HEADER_BYTES + length + HASH_BYTES;
+      const trailerAt = size - off < need ? trailerAtEnd(fd, size, off + CHUNK_HEADER_BYTES) : undefined;
+      if (trailerAt !== undefined) {
+        // A crash cuts the file inside its last chunk; it cannot leave a
+        // whole trailer after it. A length running past the end of a file
+        // that ends with one was altered.
+        problems.push({
+          kind: 'bad-header',
+          offset: off,
+          chunk: index,
+          message: `chunk ${index} at offset ${off} declares ${length} bytes, past the end of the file, yet a complete trailer ends the file at offset ${trailerAt}: its length was altered`,
+          corrupt: true,
+        });
+        break;
+      }
       if (size - off < need) {
         problems.push({
           kind: 'truncated',
@@ -204,4 +218,25 @@ export function* iterChunks(path: string): Generator<Chunk, WalkResult, void> {
   } finally {
     fs.closeSync(fd);
   }
+}
+
+/** The largest trailer looked for at the end of a file (svctrace's are well under 1 KiB). */
+const MAX_TRAILER_PAYLOAD = 64 * 1024;
+
+/**
+ * Where a structurally complete trailer chunk (header, payload, hash) ends
+ * the file exactly, starting at or after `from`; undefined if none does.
+ */
+function trailerAtEnd(fd: number, size: number, from: number): number | undefined {
+  const span = Math.min(size - from, CHUNK_HEADER_BYTES + MAX_TRAILER_PAYLOAD + HASH_BYTES);
+  if (span < CHUNK_HEADER_BYTES + HASH_BYTES) return undefined;
+  const tail = Buffer.alloc(span);
+  fs.readSync(fd, tail, 0, span, size - span);
+  for (let len = 0; len + CHUNK_HEADER_BYTES + HASH_BYTES <= span; len++) {
+    const at = span - HASH_BYTES - len - CHUNK_HEADER_BYTES;
+    if (tail.readUInt8(at) === ChunkType.TRAILER && tail.readUInt8(at + 1) === 0 && tail.readUInt16LE(at + 2) === 0 && tail.readUInt32LE(at + 4) === len) {
+      return size - span + at;
+    }
+  }
+  return undefined;
 }

@@ -19,12 +19,30 @@ export interface Recording {
   problems: Problem[];
 }
 
-/** Decodes the length-delimited Events of an events chunk. */
-export function decodeEventsPayload(payload: Uint8Array): pb.Event[] {
+/** Events handed on at a time: memory stays bounded whatever a chunk holds (a crafted one can hold millions). */
+export const EVENTS_PER_SLICE = 4096;
+/** svctrace writes no event shorter than this (its wall-clock timestamp alone takes 10 bytes). */
+const MIN_EVENT_BYTES = 8;
+
+/**
+ * Decodes the length-delimited Events of an events chunk, a slice at a
+ * time. An entry shorter than any event svctrace writes (e.g. a run of
+ * zero bytes: empty events by the million) is a damaged payload.
+ */
+export function* decodeEventsPayload(payload: Uint8Array): Generator<pb.Event[], void, void> {
   const r = protobuf.Reader.create(payload);
-  const out: pb.Event[] = [];
-  while (r.pos < r.len) out.push(pb.Event.decode(r, r.uint32()));
-  return out;
+  let out: pb.Event[] = [];
+  while (r.pos < r.len) {
+    const at = r.pos;
+    const len = r.uint32();
+    if (len < MIN_EVENT_BYTES) throw new Error(`an event of ${len} bytes at payload offset ${at} (svctrace writes none under ${MIN_EVENT_BYTES})`);
+    out.push(pb.Event.decode(r, len));
+    if (out.length >= EVENTS_PER_SLICE) {
+      yield out;
+      out = [];
+    }
+  }
+  if (out.length) yield out;
 }
 
 /**
@@ -41,7 +59,8 @@ export function readRecording(path: string, onEvents?: (events: pb.Event[], chun
 }
 
 /**
- * Yields each events chunk's events (with the recording so far), then returns
+ * Yields each events chunk's events, in slices of at most EVENTS_PER_SLICE
+ * (with the recording so far), then returns
  * the whole Recording with its problems. Payloads that fail to decode despite
  * a valid hash (a writer bug, not tampering) are problems too.
  */
@@ -52,7 +71,6 @@ export function* iterRecording(path: string): Generator<{ events: pb.Event[]; ch
   let r = it.next();
   while (!r.done) {
     const c = r.value;
-    let events: pb.Event[] | undefined;
     try {
       if (c.index === 0 && c.type !== ChunkType.HEADER) throw new Error('the first chunk is not the header');
       switch (c.type) {
@@ -64,9 +82,11 @@ export function* iterRecording(path: string): Generator<{ events: pb.Event[]; ch
           rec.snapshot = pb.NodeSnapshot.decode(c.payload);
           break;
         case ChunkType.EVENTS:
-          events = decodeEventsPayload(c.payload);
-          rec.eventCount += events.length;
           rec.eventChunks++;
+          for (const events of decodeEventsPayload(c.payload)) {
+            rec.eventCount += events.length;
+            yield { events, chunk: c, rec };
+          }
           break;
         case ChunkType.TRAILER:
           rec.trailer = pb.RecordingTrailer.decode(c.payload);
@@ -82,7 +102,6 @@ export function* iterRecording(path: string): Generator<{ events: pb.Event[]; ch
       };
       break;
     }
-    if (events) yield { events, chunk: c, rec };
     r = it.next();
   }
   if (decodeProblem) {

@@ -153,6 +153,52 @@ describe('recordings', () => {
     assert.deepEqual(fs.readFileSync(rec), before, 'the recording is untouched');
   });
 
+  it('a length field altered to run past the end of the file is altered, not a crash (the file still ends with its trailer)', () => {
+    const file = path.join(dir, 'longer.svtr');
+    const buf = fs.readFileSync(good);
+    // Chunk 3 (events) now claims to run 1 KiB past the end of the file; still under the chunk size limit.
+    buf.writeUInt32LE(buf.length - offsets[3]! + 1024, offsets[3]! + 4);
+    fs.writeFileSync(file, buf);
+    const rec = readRecording(file);
+    assert.equal(rec.problems.length, 1);
+    assert.equal(rec.problems[0]!.kind, 'bad-header');
+    assert.equal(rec.problems[0]!.corrupt, true);
+    assert.match(rec.problems[0]!.message, /its length was altered/);
+    const v = verifyCli(file);
+    assert.equal(v.status, 1, v.out);
+    assert.doesNotMatch(v.out, /crash|INCOMPLETE/);
+  });
+
+  it('evidence commands stay within a small heap on hash-valid chunks built to blow it up', () => {
+    /** A recording whose chain is valid around a crafted events payload (anyone can recompute the hashes). */
+    const crafted = (name: string, payload: Buffer) => {
+      const f = path.join(dir, name);
+      const w = new ChunkWriter(f, true);
+      w.write(ChunkType.HEADER, pb.RecordingHeader.encode({ toolVersion: 'test', node: 'n1', startedAt: '2026-11-29T00:00:00.000Z', services: ['10.96.0.100:80/tcp'] }).finish());
+      w.write(ChunkType.EVENTS, payload);
+      w.write(ChunkType.TRAILER, pb.RecordingTrailer.encode({ events: 1, reason: 'duration' }).finish());
+      w.close();
+      return f;
+    };
+    // 60 MB of zero bytes: 60 million empty events if taken at face value.
+    const zeros = crafted('zeros.svtr', Buffer.alloc(60 * 1024 * 1024));
+    // 24 MB of small, valid events (about 600,000): decoded a slice at a time.
+    const one = Buffer.from(pb.Event.encode({ tsNs: 1_700_000_000_000_000_000, kind: pb.EventKind.EVENT_KIND_NETFILTER, flowId: 7, service: '10.96.0.100:80/tcp' }).finish());
+    const w = protobuf.Writer.create();
+    for (let n = 0; n * (one.length + 1) < 24 * 1024 * 1024; n++) w.bytes(one);
+    const many = crafted('many.svtr', Buffer.from(w.finish()));
+    const run = (args: string[]) => spawnSync(process.execPath, ['--max-old-space-size=64', CLI, ...args], { encoding: 'utf8', timeout: 120_000, maxBuffer: 1 << 20 });
+    const z = run(['verify', zeros]);
+    assert.equal(z.status, 1, z.stderr);
+    assert.match(z.stdout + z.stderr, /does not decode: an event of 0 bytes/);
+    for (const args of [['verify', many], ['replay', many, '--speed', 'max', '-o', 'json'], ['export', many, '--json', path.join(dir, 'many.jsonl'), '--force'], ['inspect', many]]) {
+      const r = spawnSync('sh', ['-c', `"${process.execPath}" --max-old-space-size=64 "${CLI}" ${args.map((a) => `'${a}'`).join(' ')} > /dev/null`], { encoding: 'utf8', timeout: 180_000 });
+      assert.equal(r.status, 0, `${args[0]}: ${r.stderr.slice(-500)}`);
+      assert.doesNotMatch(r.stderr, /heap out of memory/);
+    }
+    fs.rmSync(path.join(dir, 'many.jsonl'), { force: true });
+  });
+
   it('replay -o json | head -1: ends quietly with exit 0 when its reader is gone (EPIPE)', () => {
     const big = path.join(dir, 'big.svtr');
     const w = new ChunkWriter(big, true);
