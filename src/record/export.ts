@@ -39,31 +39,81 @@ export interface PcapExport {
   recording: Recording;
 }
 
-/** Writes the captured packets of a recording as pcapng; a recording without captures is an error. */
+/** Opens an output file, or says in one line why it cannot. */
+export function openOutput(output: string): number {
+  try {
+    return fs.openSync(output, 'w', 0o644);
+  } catch (e) {
+    throw new SvctraceError('BAD_INPUT', `cannot write ${output}: ${describeIoError(e)}`);
+  }
+}
+
+export function describeIoError(e: unknown): string {
+  const code = (e as NodeJS.ErrnoException).code;
+  const known: Record<string, string> = {
+    ENOENT: 'no such directory',
+    EACCES: 'permission denied',
+    EPERM: 'not permitted',
+    ENOSPC: 'no space left on the device',
+    EISDIR: 'it is a directory',
+    EROFS: 'read-only file system',
+    EDQUOT: 'disk quota exceeded',
+  };
+  return (code && known[code]) ?? (e instanceof Error ? e.message : String(e));
+}
+
+/** Writes everything or fails in one line (a full disk is not an internal error). */
+export function writeAll(fd: number, output: string, buf: Buffer): void {
+  try {
+    let off = 0;
+    while (off < buf.length) off += fs.writeSync(fd, buf, off);
+  } catch (e) {
+    throw new SvctraceError('BAD_INPUT', `cannot write ${output}: ${describeIoError(e)}`);
+  }
+}
+
+/**
+ * Writes the captured packets of a recording as pcapng, block by block as
+ * they are read (memory stays bounded whatever the recording's size); a
+ * recording without captures is an error, and leaves no output behind.
+ */
 export function exportPcapng(input: string, output: string): PcapExport {
   const ifaces = new Map<string, number>();
-  const blocks: Buffer[] = [];
   let packets = 0;
-  const rec = readRecording(input, (events, _chunk, sofar) => {
-    for (const e of events) {
-      if (!e.packetData?.length) continue;
-      const cp = capturePoint(e);
-      let id = ifaces.get(cp.name);
-      if (id === undefined) {
-        id = ifaces.size;
-        ifaces.set(cp.name, id);
-        blocks.push(interfaceDescription(cp.name, cp.description, 65535));
+  const fd = openOutput(output);
+  let ok = false;
+  try {
+    writeAll(fd, output, sectionHeader(`svctrace ${VERSION}`));
+    const rec = readRecording(input, (events, _chunk, sofar) => {
+      for (const e of events) {
+        if (!e.packetData?.length) continue;
+        const cp = capturePoint(e);
+        let id = ifaces.get(cp.name);
+        if (id === undefined) {
+          id = ifaces.size;
+          ifaces.set(cp.name, id);
+          writeAll(fd, output, interfaceDescription(cp.name, cp.description, 65535));
+        }
+        writeAll(fd, output, enhancedPacket(id, wallClockNs(sofar.header, e.tsNs), e.packetData, e.length ?? e.packetData.length, `flow ${String(e.flowId)}: ${eventSummary(e)}`));
+        packets++;
       }
-      blocks.push(enhancedPacket(id, wallClockNs(sofar.header, e.tsNs), e.packetData, e.length ?? e.packetData.length, `flow ${String(e.flowId)}: ${eventSummary(e)}`));
-      packets++;
+    });
+    const damage = rec.problems.find((p) => p.corrupt);
+    if (!rec.header) throw new SvctraceError('BAD_INPUT', `${input}: ${rec.problems[0]?.message ?? 'no header'}`);
+    if (!packets) {
+      throw new SvctraceError(
+        'BAD_INPUT',
+        damage
+          ? `${input} is damaged before any packet data: ${damage.message}`
+          : `${input} holds no packet data (recorded with snaplen ${rec.header.snaplen}); record with --snaplen > 0`,
+      );
     }
-  });
-  if (!rec.header) throw new SvctraceError('BAD_INPUT', `${input}: ${rec.problems[0]?.message ?? 'no header'}`);
-  if (!packets) {
-    throw new SvctraceError('BAD_INPUT', `${input} holds no packet data (recorded with snaplen ${rec.header.snaplen}); record with --snaplen > 0`);
+    ok = true;
+    return { packets, interfaces: ifaces.size, recording: rec };
+  } finally {
+    fs.closeSync(fd);
+    if (!ok) fs.rmSync(output, { force: true });
   }
-  fs.writeFileSync(output, Buffer.concat([sectionHeader(`svctrace ${VERSION}`), ...blocks]));
-  return { packets, interfaces: ifaces.size, recording: rec };
 }
 
 function toJson(type: { toObject(m: never, o: object): object }, m: unknown): object {

@@ -71,6 +71,11 @@ export class ChunkWriter {
     this.bytes += buf.length;
   }
 
+  /** The chain hash so far: what the next chunk's hash builds on (what a signature covers). */
+  get chainHead(): Buffer {
+    return this.prev;
+  }
+
   sync(): void {
     fs.fsyncSync(this.fd);
   }
@@ -86,6 +91,8 @@ export interface Chunk {
   offset: number;
   type: number;
   payload: Buffer;
+  /** The chain hash before this chunk (for a trailer: what its signature covers). */
+  prevHash: Buffer;
 }
 
 export type ProblemKind = 'bad-magic' | 'bad-header' | 'hash-mismatch' | 'truncated' | 'garbage-after-trailer' | 'missing-trailer' | 'bad-payload' | 'order';
@@ -200,7 +207,7 @@ export function* iterChunks(path: string): Generator<Chunk, WalkResult, void> {
         });
         break;
       }
-      yield { index, offset: off, type, payload };
+      yield { index, offset: off, type, payload, prevHash: prev };
       prev = stored;
       off += need;
       index++;

@@ -19,13 +19,19 @@ function pad4(n: number): number {
   return (n + 3) & ~3;
 }
 
-function option(code: number, value: Buffer): Buffer {
+/** An option's length is 16 bits: longer values (a crafted summary, a namespace name) are cut to fit. */
+const MAX_OPTION_BYTES = 0xffff - 3;
+
+function option(code: number, full: Buffer): Buffer {
+  const value = full.length > MAX_OPTION_BYTES ? full.subarray(0, MAX_OPTION_BYTES) : full;
   const b = Buffer.alloc(4 + pad4(value.length));
   b.writeUInt16LE(code, 0);
   b.writeUInt16LE(value.length, 2);
   value.copy(b, 4);
   return b;
 }
+
+const MAX_U64 = (1n << 64n) - 1n;
 
 function options(opts: Array<[number, Buffer]>): Buffer {
   if (!opts.length) return Buffer.alloc(0);
@@ -68,13 +74,15 @@ export function interfaceDescription(name: string, description: string, snaplen:
   );
 }
 
-export function enhancedPacket(ifaceId: number, tsNs: bigint, data: Uint8Array, origLen: number, comment: string): Buffer {
+/** A packet; its timestamp is clamped to what pcapng holds (0..2^64-1 ns). */
+export function enhancedPacket(ifaceId: number, rawTsNs: bigint, data: Uint8Array, origLen: number, comment: string): Buffer {
+  const tsNs = rawTsNs < 0n ? 0n : rawTsNs > MAX_U64 ? MAX_U64 : rawTsNs;
   const head = Buffer.alloc(20);
   head.writeUInt32LE(ifaceId, 0);
   head.writeUInt32LE(Number(tsNs >> 32n), 4);
   head.writeUInt32LE(Number(tsNs & 0xffffffffn), 8);
   head.writeUInt32LE(data.byteLength, 12);
-  head.writeUInt32LE(Math.max(origLen, data.byteLength), 16);
+  head.writeUInt32LE(Math.min(0xffffffff, Math.max(origLen >>> 0, data.byteLength)), 16);
   const padded = Buffer.alloc(pad4(data.byteLength));
   Buffer.from(data.buffer, data.byteOffset, data.byteLength).copy(padded);
   return block(BT_EPB, Buffer.concat([head, padded, options(comment ? [[OPT_COMMENT, Buffer.from(comment)]] : [])]));

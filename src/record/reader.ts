@@ -16,6 +16,8 @@ export interface Recording {
   size: number;
   /** Bytes from the start that are intact. */
   validBytes: number;
+  /** The chain hash the trailer's signature covers (the hash before the trailer chunk). */
+  signedHead?: Buffer;
   problems: Problem[];
 }
 
@@ -90,6 +92,7 @@ export function* iterRecording(path: string): Generator<{ events: pb.Event[]; ch
           break;
         case ChunkType.TRAILER:
           rec.trailer = pb.RecordingTrailer.decode(c.payload);
+          rec.signedHead = c.prevHash;
           break;
       }
     } catch (e) {

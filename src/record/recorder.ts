@@ -41,6 +41,8 @@ export interface RecordOptions {
   onWarning?: (message: string) => void;
   /** Called about once a second with progress. */
   onProgress?: (p: { events: number; bytes: number; elapsedS: number }) => void;
+  /** Ed25519 private key: the trailer is signed (see record/signing). */
+  signingKey?: import('node:crypto').KeyObject;
   /** Tracing runs and the recording is being written (the hooks are attached). */
   onStarted?: () => void;
 }
@@ -99,6 +101,7 @@ export async function record(opts: RecordOptions): Promise<pb.IRecordingTrailer>
       writer.write(ChunkType.SNAPSHOT, pb.NodeSnapshot.encode(await takeSnapshot([...ctx.netns], [...ctx.services])).finish());
       events = new RecordingSink(writer, {
         maxBytes: opts.maxBytes,
+        signingKey: opts.signingKey,
         onFull: () => {
           stopReason ??= 'max-size';
           sizeReached.abort();

@@ -6,6 +6,7 @@
 import { after, before, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync, execFileSync } from 'node:child_process';
+import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -55,7 +56,13 @@ describe('evidence: record, verify, replay, export (kernel)', () => {
   kernelTest('record while curling; verify; replay -o json equals the file; tshark reads the pcapng export', async () => {
     const web = lab.service('web');
     const file = path.join(dir, 'incident.svtr');
-    const rec = spawn(process.execPath, [CLI, 'record', '--netns', lab.nodeNetns, '-s', `${web.clusterIP}:80`, '-o', file, '--duration', '4'], { stdio: ['ignore', 'ignore', 'pipe'] });
+    // Signed with a key made for the test: verify --pubkey proves who wrote it.
+    const keys = crypto.generateKeyPairSync('ed25519');
+    const keyFile = path.join(dir, 'sign.pem');
+    const pubFile = path.join(dir, 'sign.pub');
+    fs.writeFileSync(keyFile, keys.privateKey.export({ type: 'pkcs8', format: 'pem' }), { mode: 0o600 });
+    fs.writeFileSync(pubFile, keys.publicKey.export({ type: 'spki', format: 'pem' }));
+    const rec = spawn(process.execPath, [CLI, 'record', '--netns', lab.nodeNetns, '-s', `${web.clusterIP}:80`, '-o', file, '--duration', '4', '--sign-key', keyFile], { stdio: ['ignore', 'ignore', 'pipe'] });
     let err = '';
     rec.stderr!.on('data', (d) => (err += d));
     assert.ok(await waitFor(() => err.includes('Ctrl-C to stop'), 10_000), err);
@@ -68,9 +75,11 @@ describe('evidence: record, verify, replay, export (kernel)', () => {
     }
     assert.equal(await new Promise((r) => rec.once('exit', r)), 0, err);
 
-    const v = spawnSync(process.execPath, [CLI, 'verify', file], { encoding: 'utf8' });
-    assert.equal(v.status, 0, v.stdout);
-    assert.match(v.stdout, /OK: complete, every chunk authentic/);
+    const v = spawnSync(process.execPath, [CLI, 'verify', file, '--pubkey', pubFile], { encoding: 'utf8' });
+    assert.equal(v.status, 0, v.stdout + v.stderr);
+    assert.match(v.stdout, /OK: complete, the hash chain is intact/);
+    assert.match(v.stdout, /AUTHENTIC: signed with key [0-9a-f]{16}/);
+    assert.match(err, /signed with key [0-9a-f]{16}/);
 
     const inFile = await eventsInFile(file);
     assert.ok(inFile.events.length > 50);

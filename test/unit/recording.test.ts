@@ -5,14 +5,17 @@
  */
 import { describe, it, before } from 'node:test';
 import assert from 'node:assert/strict';
+import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { spawnSync } from 'node:child_process';
 import protobuf from 'protobufjs/minimal';
+import Long from 'long';
 import { ChunkType, ChunkWriter, CHUNK_HEADER_BYTES, HASH_BYTES, MAGIC } from '../../src/record/format';
 import { readRecording } from '../../src/record/reader';
 import { replay } from '../../src/record/replay';
+import { keyId, signChainHead } from '../../src/record/signing';
 import { svctrace } from '../../src/gen/svctrace';
 import { makeEvent } from '../helpers/stream';
 
@@ -63,7 +66,7 @@ describe('recordings', () => {
     assert.deepEqual(got.map((e) => Number(e.flowId)), Array.from({ length: 30 }, (_, i) => i));
     const v = verifyCli(good);
     assert.equal(v.status, 0);
-    assert.match(v.out, /OK: complete, every chunk authentic/);
+    assert.match(v.out, /OK: complete, the hash chain is intact/);
   });
 
   it('one flipped byte: verify names the chunk and its offset, exit 1', () => {
@@ -151,6 +154,106 @@ describe('recordings', () => {
       assert.match(r.stderr, /is the recording itself/);
     }
     assert.deepEqual(fs.readFileSync(rec), before, 'the recording is untouched');
+  });
+
+  it('signing: --pubkey proves who wrote it; a rewritten recording with every hash recomputed is consistent but not authentic', () => {
+    const keys = crypto.generateKeyPairSync('ed25519');
+    const other = crypto.generateKeyPairSync('ed25519');
+    const pub = path.join(dir, 'ok.pub');
+    const otherPub = path.join(dir, 'other.pub');
+    fs.writeFileSync(pub, keys.publicKey.export({ type: 'spki', format: 'pem' }));
+    fs.writeFileSync(otherPub, other.publicKey.export({ type: 'spki', format: 'pem' }));
+    /** header + one events chunk (the given backend) + a trailer signed with `key`. */
+    const write = (file: string, backend: string, key?: crypto.KeyObject, signedHead?: Buffer) => {
+      const w = new ChunkWriter(file, true);
+      w.write(ChunkType.HEADER, pb.RecordingHeader.encode({ toolVersion: 'test', node: 'n1', startedAt: '2026-11-29T00:00:00.000Z', services: ['10.96.0.100:80/tcp'] }).finish());
+      const wr = protobuf.Writer.create();
+      wr.bytes(pb.Event.encode(makeEvent(1, { tsNs: 1, backend })).finish());
+      w.write(ChunkType.EVENTS, wr.finish());
+      const head = w.chainHead;
+      const trailer: pb.IRecordingTrailer = { events: 1, reason: 'duration' };
+      if (key) {
+        trailer.signature = signChainHead(signedHead ?? head, key);
+        trailer.keyId = keyId(key);
+      }
+      w.write(ChunkType.TRAILER, pb.RecordingTrailer.encode(trailer).finish());
+      w.close();
+      return head;
+    };
+    const signed = path.join(dir, 'signed.svtr');
+    const head = write(signed, '10.244.1.12:8080', keys.privateKey);
+    const verify = (file: string, ...args: string[]) => spawnSync(process.execPath, [CLI, 'verify', file, ...args], { encoding: 'utf8' });
+    let v = verify(signed, '--pubkey', pub);
+    assert.equal(v.status, 0, v.stdout + v.stderr);
+    assert.match(v.stdout, new RegExp(`AUTHENTIC: signed with key ${keyId(keys.publicKey)}`));
+    v = verify(signed, '--pubkey', otherPub);
+    assert.equal(v.status, 1);
+    assert.match(v.stdout, /NOT AUTHENTIC: the signature .* does not verify with --pubkey/);
+    v = verify(signed);
+    assert.equal(v.status, 0);
+    assert.match(v.stdout, /signed with key \w+: check the signature with --pubkey/);
+    // The backend rewritten and every hash recomputed, the old signature kept: the chain is fine, the signature is not.
+    const forged = path.join(dir, 'forged.svtr');
+    write(forged, '10.244.1.99:8080', keys.privateKey, head);
+    v = verify(forged);
+    assert.equal(v.status, 0, 'the chain alone cannot tell');
+    assert.match(v.stdout, /not proven authentic/);
+    v = verify(forged, '--pubkey', pub);
+    assert.equal(v.status, 1);
+    assert.match(v.stdout, /NOT AUTHENTIC/);
+    // Unsigned: said plainly; with --pubkey it fails.
+    const plain = path.join(dir, 'plain.svtr');
+    write(plain, '10.244.1.12:8080');
+    v = verify(plain);
+    assert.equal(v.status, 0);
+    assert.match(v.stdout, /consistent, not authenticated/);
+    assert.equal(verify(plain, '--pubkey', pub).status, 1);
+    // A key file that is not one: bad input.
+    v = verify(plain, '--pubkey', plain);
+    assert.equal(v.status, 2);
+    assert.match(v.stderr, /is not a PEM public key/);
+  });
+
+  it('export: crafted but valid fields, damage and unwritable outputs get one-line answers, never an internal error', () => {
+    const craftedFile = path.join(dir, 'crafted.svtr');
+    const w = new ChunkWriter(craftedFile, true);
+    w.write(ChunkType.HEADER, pb.RecordingHeader.encode({ toolVersion: 'test', node: 'n1', startedAt: '2026-11-29T00:00:00.000Z', startedMonoNs: 5_000_000_000, services: ['10.96.0.100:80/tcp'], snaplen: 128 }).finish());
+    const pkt = Uint8Array.from({ length: 40 }, (_, i) => (i === 0 ? 0x45 : 0));
+    const wr = protobuf.Writer.create();
+    const huge = 'x'.repeat(70_000);
+    for (const ev of [
+      makeEvent(1, { tsNs: 1, packetData: pkt, summary: huge, kind: pb.EventKind.EVENT_KIND_RULE_TRACE }), // before the start
+      makeEvent(2, { tsNs: Long.MAX_UNSIGNED_VALUE, packetData: pkt }), // 2^64-1
+      makeEvent(3, { tsNs: 6_000_000_000, packetData: pkt, kind: pb.EventKind.EVENT_KIND_DEV_RECV, device: { name: 'eth0', netns: huge } }),
+    ]) wr.bytes(pb.Event.encode(ev).finish());
+    w.write(ChunkType.EVENTS, wr.finish());
+    w.write(ChunkType.TRAILER, pb.RecordingTrailer.encode({ events: 3, reason: 'duration' }).finish());
+    w.close();
+    const out = path.join(dir, 'crafted.pcapng');
+    let r = spawnSync(process.execPath, [CLI, 'export', craftedFile, '--pcapng', out, '--force'], { encoding: 'utf8' });
+    assert.equal(r.status, 0, r.stderr);
+    assert.match(r.stderr, /3 packets/);
+    assert.equal(fs.readFileSync(out).readUInt32LE(0), 0x0a0d0d0a, 'a pcapng section header');
+
+    // Damage before the first packet: named, not blamed on --snaplen; no output left behind.
+    const damaged = path.join(dir, 'damaged-capture.svtr');
+    const buf = fs.readFileSync(craftedFile);
+    const firstEvents = buf.indexOf(Buffer.from([ChunkType.EVENTS, 0, 0, 0]), MAGIC.length + CHUNK_HEADER_BYTES);
+    buf[firstEvents + CHUNK_HEADER_BYTES + 5]! ^= 0xff;
+    fs.writeFileSync(damaged, buf);
+    const out2 = path.join(dir, 'damaged.pcapng');
+    r = spawnSync(process.execPath, [CLI, 'export', damaged, '--pcapng', out2], { encoding: 'utf8' });
+    assert.equal(r.status, 2, r.stderr);
+    assert.match(r.stderr, /is damaged before any packet data: .*SHA-256 mismatch/);
+    assert.doesNotMatch(r.stderr, /snaplen/);
+    assert.equal(fs.existsSync(out2), false);
+
+    // Outputs that cannot be written.
+    for (const args of [['--pcapng', '/nonexistent-dir/x.pcapng'], ['--json', '/nonexistent-dir/x.jsonl'], ['--pcapng', dir, '--force']]) {
+      r = spawnSync(process.execPath, [CLI, 'export', craftedFile, ...args], { encoding: 'utf8' });
+      assert.equal(r.status, 2, `${args.join(' ')}: ${r.stderr}`);
+      assert.match(r.stderr, /^svctrace: cannot write \S+: (no such directory|it is a directory)\n$/);
+    }
   });
 
   it('a length field altered to run past the end of the file is altered, not a crash (the file still ends with its trailer)', () => {

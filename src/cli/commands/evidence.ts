@@ -3,9 +3,10 @@ import { Command } from 'commander';
 import { SvctraceError } from '../../errors';
 import { stdoutClosed, waitForStop } from '../../pipeline/lifecycle';
 import { record } from '../../record/recorder';
+import { chainHeadSignatureOk, keyId, readSigningKey, readVerifyKey } from '../../record/signing';
 import { readRecording, Recording } from '../../record/reader';
 import { parseSpeed, replay } from '../../record/replay';
-import { exportJson, exportPcapng } from '../../record/export';
+import { exportJson, exportPcapng, openOutput, writeAll } from '../../record/export';
 import { inspect } from '../../record/inspect';
 import { eventToJson } from '../../flows/to-proto';
 import { eventLine } from '../../output/event-line';
@@ -57,7 +58,8 @@ export function registerEvidence(program: Command): void {
     .option('--max-size <MB>', 'stop when the file reaches this size')
     .option('--snaplen <bytes>', `packet bytes to capture per event (0-${MAX_SNAPLEN})`, String(MAX_SNAPLEN))
     .option('--force', 'overwrite an existing file')
-    .action(async (opts: SelectionOptions & { output: string; duration?: string; maxSize?: string; snaplen: string; force?: boolean }) => {
+    .option('--sign-key <file>', 'Ed25519 private key (PEM): sign the recording, so verify --pubkey can prove who wrote it')
+    .action(async (opts: SelectionOptions & { output: string; duration?: string; maxSize?: string; snaplen: string; force?: boolean; signKey?: string }) => {
       const services = await servicesFrom(opts);
       // Checked here too (the pipeline would refuse) so nothing says "recording" before the refusal.
       if (!services.length) throw new SvctraceError('BAD_INPUT', 'give at least one --service IP:port or --nodeport PORT');
@@ -69,7 +71,9 @@ export function registerEvidence(program: Command): void {
         maxBytes = mb * 1024 * 1024;
       }
       const tty = !!process.stderr.isTTY;
+      const signingKey = opts.signKey ? readSigningKey(opts.signKey) : undefined;
       const trailer = await record({
+        signingKey,
         onStarted: () => process.stderr.write(`svctrace: recording ${services.map((s) => s.text).join(', ')} to ${opts.output}; Ctrl-C to stop\n`),
         ...selectionOf(opts, services),
         path: opts.output,
@@ -81,7 +85,9 @@ export function registerEvidence(program: Command): void {
         onProgress: tty ? (p) => process.stderr.write(`\r  ${p.events} events, ${humanBytes(p.bytes)}, ${p.elapsedS.toFixed(0)} s   `) : undefined,
       });
       if (tty) process.stderr.write('\n');
-      process.stderr.write(`svctrace: ${opts.output}: ${String(trailer.events)} events, ${String(trailer.flows)} flows, ${String(trailer.kernelLost)} lost (${trailer.reason})\n`);
+      process.stderr.write(
+        `svctrace: ${opts.output}: ${String(trailer.events)} events, ${String(trailer.flows)} flows, ${String(trailer.kernelLost)} lost (${trailer.reason})${trailer.keyId ? `, signed with key ${trailer.keyId}` : ''}\n`,
+      );
     });
 
   program
@@ -89,17 +95,35 @@ export function registerEvidence(program: Command): void {
     .description('check a recording: structure and SHA-256 chain; says where it is damaged (exit 1) or cut short')
     .argument('<file>')
     .option('--strict', 'also fail (exit 1) when the recording was cut short')
-    .action((file: string, opts: { strict?: boolean }) => {
+    .option('--pubkey <file>', 'Ed25519 public key (PEM) the recording must be signed with (record --sign-key): exit 1 unless it is')
+    .action((file: string, opts: { strict?: boolean; pubkey?: string }) => {
       requireFile(file);
+      const key = opts.pubkey ? readVerifyKey(opts.pubkey) : undefined;
       const rec = readRecording(file);
       const corrupt = rec.problems.filter((p) => p.corrupt);
       const cut = rec.problems.filter((p) => !p.corrupt);
       const lines = [`${file}: ${rec.chunks} chunks, ${rec.eventCount} events, ${rec.validBytes} of ${rec.size} bytes intact`];
       for (const p of rec.problems) lines.push(`  ${p.corrupt ? 'DAMAGED' : 'INCOMPLETE'}: ${p.message}`);
-      if (!rec.problems.length) lines.push('  OK: complete, every chunk authentic');
-      else if (!corrupt.length) lines.push(`  OK up to offset ${rec.validBytes}: everything before it is authentic`);
+      if (!rec.problems.length) lines.push('  OK: complete, the hash chain is intact');
+      else if (!corrupt.length) lines.push(`  OK up to offset ${rec.validBytes}: the hash chain is intact up to there`);
+      // The chain shows the file was not cut or spliced by accident; only a
+      // signature shows who wrote it (anyone can recompute the hashes).
+      const sig = rec.trailer?.signature?.length && rec.signedHead ? rec.trailer : undefined;
+      let authentic = false;
+      if (key) {
+        if (!sig) lines.push('  NOT AUTHENTIC: the recording is not signed (record --sign-key), so --pubkey cannot vouch for it');
+        else if (!chainHeadSignatureOk(rec.signedHead!, sig.signature!, key)) lines.push(`  NOT AUTHENTIC: the signature (key ${sig.keyId || '?'}) does not verify with --pubkey (key ${keyId(key)}): altered, or signed with another key`);
+        else {
+          authentic = true;
+          lines.push(`  AUTHENTIC: signed with key ${keyId(key)} (--pubkey); the signature covers every chunk before the trailer`);
+        }
+      } else if (sig) {
+        lines.push(`  signed with key ${sig.keyId || '?'}: check the signature with --pubkey KEY.pub; until then the file is consistent, not proven authentic`);
+      } else if (!corrupt.length) {
+        lines.push('  consistent, not authenticated: unsigned, so whoever can edit the file could also recompute its hashes (sign with record --sign-key, check with verify --pubkey)');
+      }
       process.stdout.write(lines.join('\n') + '\n');
-      if (corrupt.length || (opts.strict && cut.length)) process.exitCode = 1;
+      if (corrupt.length || (opts.strict && cut.length) || (key && !authentic)) process.exitCode = 1;
     });
 
   program
@@ -171,9 +195,14 @@ export function registerEvidence(program: Command): void {
         process.stderr.write(`svctrace: ${opts.pcapng}: ${r.packets} packets on ${r.interfaces} interfaces\n`);
       }
       if (opts.json) {
-        const fd = typeof opts.json === 'string' ? fs.openSync(opts.json, 'w') : 1;
-        const rec = exportJson(file, (line) => fs.writeSync(fd, line + '\n'));
-        if (fd !== 1) fs.closeSync(fd);
+        const out = typeof opts.json === 'string' ? opts.json : undefined;
+        const fd = out ? openOutput(out) : undefined;
+        let rec;
+        try {
+          rec = exportJson(file, (line) => (fd !== undefined ? writeAll(fd, out!, Buffer.from(line + '\n')) : stdoutClosed() || process.stdout.write(line + '\n')));
+        } finally {
+          if (fd !== undefined) fs.closeSync(fd);
+        }
         if (!rec.header) throw new SvctraceError('BAD_INPUT', `${file}: ${rec.problems[0]?.message ?? 'not a recording'}`);
         reportProblems(rec);
       }

@@ -7,7 +7,9 @@
 import protobuf from 'protobufjs/minimal';
 import { svctrace } from '../../gen/svctrace';
 import { longFromBigint } from '../../flows/to-proto';
+import type { KeyObject } from 'node:crypto';
 import { ChunkType, ChunkWriter } from '../../record/format';
+import { keyId, signChainHead } from '../../record/signing';
 import type { Ingested } from '../../flows/types';
 import type { Sink } from '../sink';
 
@@ -38,6 +40,8 @@ export class RecordingSink implements Sink {
       onFull?: () => void;
       /** The trailer's counters, asked for at close (after the last event). */
       trailer: () => TrailerCounters;
+      /** Ed25519 key: the trailer carries a signature of the chain head (record --sign-key). */
+      signingKey?: KeyObject;
     },
   ) {
     this.flushTimer = setInterval(() => this.flush(), FLUSH_MS);
@@ -80,6 +84,10 @@ export class RecordingSink implements Sink {
       endedAt: new Date().toISOString(),
       endedMonoNs: longFromBigint(process.hrtime.bigint()),
     };
+    if (this.opts.signingKey) {
+      this.trailer.signature = signChainHead(this.writer.chainHead, this.opts.signingKey);
+      this.trailer.keyId = keyId(this.opts.signingKey);
+    }
     this.writer.write(ChunkType.TRAILER, pb.RecordingTrailer.encode(this.trailer).finish());
     this.writer.close();
   }
