@@ -3,7 +3,7 @@
  * the ways files get damaged. verify must say exactly where; replay must
  * deliver every intact chunk and stop there.
  */
-import { describe, it, before } from 'node:test';
+import { after, describe, it, before } from 'node:test';
 import assert from 'node:assert/strict';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
@@ -51,6 +51,7 @@ function verifyCli(file: string): { status: number | null; out: string } {
 
 describe('recordings', () => {
   const good = path.join(dir, 'good.svtr');
+  after(() => fs.rmSync(dir, { recursive: true, force: true }));
   let offsets: number[] = [];
   before(() => {
     offsets = makeRecording(good);
