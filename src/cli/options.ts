@@ -5,7 +5,7 @@ import { SvctraceError } from '../errors';
 import { DEFAULT_RING_BUFFER_BYTES, DEFAULT_STATS_INTERVAL_MS } from '../events/layout';
 import { parseNodePortSpec, parseServiceSpec, ServiceSpec } from '../net/ipv4';
 import { discover } from '../discovery/discover';
-import { DiscoveredService, findByName } from '../discovery/model';
+import { DiscoveredService, findByName, tracedAddressesOf } from '../discovery/model';
 import type { PipelineOptions } from '../pipeline/pipeline';
 import { CURRENT_NETNS, resolveNetns } from '../netns/netns';
 
@@ -51,9 +51,14 @@ export async function servicesFrom(opts: SelectionOptions): Promise<ServiceSpec[
   if (!byName.length && !opts.allServices) return specs;
   const netns = opts.netns.length ? resolveNetns(opts.netns[0]!) : CURRENT_NETNS;
   const d = await discover(netns);
+  // Every address kube-proxy DNATs for the Service: ClusterIP, externalIPs,
+  // LoadBalancer IPs and NodePorts (on any node address), not the ClusterIP alone.
   const add = (s: DiscoveredService) => {
-    const spec = parseServiceSpec(`${s.clusterIP}:${s.port}/${s.proto}`);
-    if (!specs.some((x) => x.address === spec.address && x.port === spec.port && x.proto === spec.proto)) specs.push({ ...spec, text: `${s.name} (${spec.text})` });
+    for (const a of tracedAddressesOf(s)) {
+      const spec = a.address === null ? parseNodePortSpec(`${a.port}/${a.proto}`) : parseServiceSpec(`${a.address}:${a.port}/${a.proto}`);
+      const label = a.kind === 'nodeport' ? `NodePort ${a.port}/${a.proto}` : a.kind === 'external-ip' ? `external ${spec.text}` : spec.text;
+      if (!specs.some((x) => x.address === spec.address && x.port === spec.port && x.proto === spec.proto)) specs.push({ ...spec, text: `${s.name} (${label})` });
+    }
   };
   for (const ref of byName) {
     const found = findByName(d, ref);

@@ -150,6 +150,19 @@ export function parseIptablesSave(save: string): Discovery {
     byChainName.set(r.target, s);
   }
 
+  // externalIPs and LoadBalancer IPs: KUBE-SERVICES -d IP --dport P -j KUBE-EXT-*
+  // ("ns/name:port external IP" / "loadbalancer IP"), on the Service's port.
+  for (const r of byChain.get('KUBE-SERVICES') ?? []) {
+    if (!r.target?.startsWith('KUBE-EXT-') || !r.opt('-d')) continue;
+    const ext = byChain.get(r.target) ?? [];
+    const svcChain = ext.find((x) => x.target?.startsWith('KUBE-SVC-'))?.target;
+    const [ns, svc, portName] = nameOf(r.comment);
+    const port = Number(r.opt('--dport') ?? 0);
+    const s = (svcChain ? byChainName.get(svcChain) : undefined) ?? services.find((x) => x.namespace === ns && x.service === svc && x.portName === portName && x.port === port);
+    const ip = addr(r.opt('-d'));
+    if (s && ip !== s.clusterIP && !(s.externalIPs ??= []).includes(ip)) s.externalIPs.push(ip);
+  }
+
   // NodePorts: KUBE-NODEPORTS -> KUBE-EXT-* (masquerade) -> KUBE-SVC-*.
   for (const r of byChain.get('KUBE-NODEPORTS') ?? []) {
     const ext = r.target;

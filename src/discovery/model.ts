@@ -19,6 +19,8 @@ export interface DiscoveredService {
   port: number;
   proto: 'tcp' | 'udp' | 'sctp';
   nodePorts: number[];
+  /** externalIPs and LoadBalancer ingress IPs kube-proxy DNATs for it (on the Service's port). */
+  externalIPs?: string[];
   endpoints: DiscoveredEndpoint[];
   /** KUBE-SVC-* or service-* chain. */
   chain: string;
@@ -54,4 +56,19 @@ export function findByName(d: Discovery, ref: string): DiscoveredService[] {
 
 export function findByAddress(d: Discovery, ip: string, port: number, proto: string): DiscoveredService | undefined {
   return d.services.find((s) => s.clusterIP === ip && s.port === port && s.proto === proto);
+}
+
+/**
+ * Every address kube-proxy DNATs for a Service, as "IP:port/proto" (its
+ * ClusterIP, externalIPs, LoadBalancer IPs) and "nodeport PORT/proto" (on any
+ * of the node's addresses): tracing a Service by name or --all-services
+ * covers them all, not only its ClusterIP.
+ */
+export function tracedAddressesOf(s: DiscoveredService): Array<{ kind: 'cluster-ip' | 'external-ip' | 'nodeport'; address: string | null; port: number; proto: DiscoveredService['proto'] }> {
+  const out: Array<{ kind: 'cluster-ip' | 'external-ip' | 'nodeport'; address: string | null; port: number; proto: DiscoveredService['proto'] }> = [
+    { kind: 'cluster-ip', address: s.clusterIP, port: s.port, proto: s.proto },
+  ];
+  for (const ip of s.externalIPs ?? []) if (ip !== s.clusterIP) out.push({ kind: 'external-ip', address: ip, port: s.port, proto: s.proto });
+  for (const np of s.nodePorts) out.push({ kind: 'nodeport', address: null, port: np, proto: s.proto });
+  return out;
 }

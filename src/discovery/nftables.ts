@@ -51,6 +51,7 @@ export function parseNftKubeProxy(text: string): Discovery {
   const services: DiscoveredService[] = [];
   const byChain = new Map<string, DiscoveredService>();
   const elemRe = /(\d+\.\d+\.\d+\.\d+) \. (tcp|udp|sctp) \. (\d+)(?: comment "([^"]*)")? : goto (\S+?)(?:,|\s|$)/g;
+  const externals: Array<{ ip: string; port: number; proto: string; parts: ReturnType<typeof nameParts> }> = [];
 
   // service-ips: which ClusterIP:port goes to which service chain; no-endpoint-services: REJECTs.
   const sections = text.split(/\n\s*map /);
@@ -63,6 +64,11 @@ export function parseNftKubeProxy(text: string): Discovery {
       const named = /^([^/\s]+)\/([^:\s]+):?(\S*)$/.exec(comment ?? '');
       if (!parts.ns && named) Object.assign(parts, { ns: named[1]!, name: named[2]!, portName: named[3]! });
       const reject = mapName === 'no-endpoint-services' || target === 'reject-chain';
+      // externalIPs / LoadBalancer IPs go to the Service's external-* chain: an address of that Service, not a Service.
+      if (target!.startsWith('external-')) {
+        externals.push({ ip: ip!, port: Number(port), proto: proto!, parts });
+        continue;
+      }
       let s = services.find((x) => x.clusterIP === ip && x.port === Number(port) && x.proto === proto);
       if (!s) {
         s = {
@@ -85,6 +91,11 @@ export function parseNftKubeProxy(text: string): Discovery {
       if (reject) s.rejects = true;
       else byChain.set(target!, s);
     }
+  }
+
+  for (const e of externals) {
+    const s = services.find((x) => x.namespace === e.parts.ns && x.service === e.parts.name && x.portName === e.parts.portName && x.proto === e.proto);
+    if (s && e.ip !== s.clusterIP && !(s.externalIPs ??= []).includes(e.ip)) s.externalIPs.push(e.ip);
   }
 
   const affinityTimeouts = new Map<string, number>();

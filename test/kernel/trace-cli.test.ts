@@ -93,6 +93,27 @@ describe('svctrace trace CLI (kernel)', () => {
     assert.equal(netfilterLinks().length, linksBefore, 'links detached after Ctrl-C');
   });
 
+  kernelTest('--all-services traces a NodePort too, not only ClusterIPs', async () => {
+    const t = startTrace(['--netns', lab.nodeNetns, '--all-services', '-o', 'json']);
+    assert.ok(await waitFor(() => t.err().includes('Ctrl-C to stop'), 15_000), t.err());
+    assert.match(t.err(), /default\/web:http \(NodePort 30080\/tcp\)/);
+    // From the lab's client namespace to the node's address: no ClusterIP involved.
+    const r = await lab.curl('http://10.250.0.1:30080/', 'client');
+    assert.ok(r.ok, r.stderr);
+    assert.ok(await waitFor(() => t.out().includes('"STAGE_DNAT"'), 5000), 'the NodePort connection was traced');
+    t.child.kill('SIGINT');
+    assert.equal(await t.exited, 0, t.err());
+    const dnat = t
+      .out()
+      .split('\n')
+      .filter(Boolean)
+      .map((l) => JSON.parse(l) as { stage?: string; afterNat?: boolean; packet?: { dstPort?: number }; service?: string })
+      .find((e) => e.stage === 'STAGE_DNAT' && e.afterNat);
+    assert.ok(dnat, t.out().slice(0, 2000));
+    assert.equal(dnat.service, '*:30080/tcp');
+    assert.equal(dnat.packet?.dstPort, 8080, 'DNATed to a pod');
+  });
+
   kernelTest('a traced namespace deleted while tracing: said, and trace ends with exit 8', async () => {
     // A namespace of its own (named like the lab's, so a crashed run's leftover is cleaned up with them).
     const ns = `svt-${process.pid}-${Date.now().toString(16)}-gone`;

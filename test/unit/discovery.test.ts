@@ -8,7 +8,7 @@ import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { parseIptablesSave, splitRule } from '../../src/discovery/iptables';
 import { parseNftKubeProxy } from '../../src/discovery/nftables';
-import { findByName, findByAddress } from '../../src/discovery/model';
+import { findByName, findByAddress, tracedAddressesOf } from '../../src/discovery/model';
 import { parseIpvsadm } from '../../src/discovery/ipvs';
 import { formatExplanation } from '../../src/explain/explain';
 import { KubeService, renderFilterTable, renderNatTable, renderNftKubeProxy } from '../../src/lab/kube-rules';
@@ -53,6 +53,23 @@ describe('iptables-save discovery', () => {
     assert.doesNotMatch(text, /\(none\)/);
   });
 
+  it('finds externalIPs and LoadBalancer IPs, and a Service by name covers every address kube-proxy DNATs for it', () => {
+    const more = save.replace(
+      '-A KUBE-NODEPORTS ',
+      [
+        '-A KUBE-SERVICES -d 192.168.99.22/32 -p tcp -m comment --comment "default/web:http external IP" -m tcp --dport 80 -j KUBE-EXT-CDGGSHYLG3RE2FKL',
+        '-A KUBE-SERVICES -d 203.0.113.7/32 -p tcp -m comment --comment "default/web:http loadbalancer IP" -m tcp --dport 80 -j KUBE-EXT-CDGGSHYLG3RE2FKL',
+        '-A KUBE-NODEPORTS ',
+      ].join('\n'),
+    );
+    const web = findByName(parseIptablesSave(more), 'default/web')[0]!;
+    assert.deepEqual(web.externalIPs, ['192.168.99.22', '203.0.113.7']);
+    assert.deepEqual(
+      tracedAddressesOf(web).map((a) => `${a.kind} ${a.address ?? '*'}:${a.port}/${a.proto}`),
+      ['cluster-ip 10.96.0.100:80/tcp', 'external-ip 192.168.99.22:80/tcp', 'external-ip 203.0.113.7:80/tcp', 'nodeport *:30080/tcp'],
+    );
+  });
+
   it('lists a NodePort once when kube-proxy writes it in several KUBE-NODEPORTS rules', () => {
     const nodeport = save.split('\n').find((l) => l.startsWith('-A KUBE-NODEPORTS '))!;
     const twice = save.replace(nodeport, `${nodeport}\n${nodeport.replace('-A KUBE-NODEPORTS ', '-A KUBE-NODEPORTS -d 127.0.0.0/8 ')}`);
@@ -82,6 +99,16 @@ describe('nftables discovery', () => {
     assert.deepEqual(web.nodePorts, [30080]);
     assert.equal(web.nodePortMasquerade, true);
     assert.equal(findByName(d, 'default/empty')[0]!.rejects, true);
+    // An externalIP in service-ips goes to the Service's external-* chain: an address of web, not a Service of its own.
+    const text = renderNftKubeProxy(services, { clusterCIDR: '10.244.0.0/16' }).split('\n').slice(2).join('\n');
+    const withExt = text.replace(
+      /(elements = \{ 10\.96\.0\.100 \. tcp \. 80 : goto service-([A-Z0-9]{8})-default\/web\/tcp\/http)/,
+      '$1,\n\t\t\t     192.168.99.22 . tcp . 80 : goto external-$2-default/web/tcp/http',
+    );
+    assert.notEqual(withExt, text, 'the test rewrote the map');
+    const d2 = parseNftKubeProxy(withExt);
+    assert.deepEqual(findByName(d2, 'default/web:http')[0]!.externalIPs, ['192.168.99.22']);
+    assert.equal(d2.services.length, d.services.length, 'no pseudo-service for the external address');
   });
 });
 
