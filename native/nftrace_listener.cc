@@ -35,6 +35,7 @@ void NftTraceListener::Handle(const nlmsghdr* nlh) {
   if (!t.a[NFTA_TRACE_ID]) return;
   svt_nftrace r = {};
   r.kind = SVT_EV_NFTRACE;
+  r.verdict = NFT_CONTINUE;  // no verdict attribute: the rule decided nothing (0 would read as NF_DROP)
   r.size = sizeof(r);
   r.ts_ns = MonotonicNs();
   r.netns_ino = (__u32)netns_ino_;

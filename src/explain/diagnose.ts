@@ -148,7 +148,10 @@ const CHI2_P001 = [0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12, 27
 
 export function diagnoseTraffic(svc: DiscoveredService, t: ObservedTraffic): Diagnosis[] {
   const out: Diagnosis[] = [];
-  if (t.notDnated > 0) {
+  // A Service without endpoints is not DNATed by design: kube-proxy REJECTs
+  // it in the filter table (NO_ENDPOINTS says so). Only a Service whose rules
+  // should DNAT and did not is missing rules.
+  if (t.notDnated > 0 && !(svc.rejects || svc.endpoints.length === 0)) {
     out.push({ code: 'RULES_MISSING', severity: 'error', summary: `${t.notDnated} of ${t.flows} connections to ${svc.clusterIP}:${svc.port} were not DNATed`, evidence: ['after-DNAT hook saw the ClusterIP still as destination'] });
   }
   for (const b of t.backends) {

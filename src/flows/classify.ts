@@ -129,12 +129,22 @@ export function tcpStateLeft(e: KernelEvent, prevState: number, newState: number
  * from the NAT base chain to the chain that DNATed (kube-proxy's filter
  * chains and the SNAT chains after it are other stages), or undefined.
  */
-export function rulePathOf(group: RuleTrace[]): { path: string[]; table: string; masquerade: boolean; summary: string } | undefined {
+/** enum nft_trace_types and the netfilter verdict of a trace message (see events/decode RuleTrace). */
+const NFT_TRACETYPE_POLICY = 1;
+const NFT_TRACETYPE_RULE = 3;
+const NF_DROP_VERDICT = 0;
+
+export function rulePathOf(group: RuleTrace[]): { path: string[]; table: string; masquerade: boolean; summary: string; droppedBy?: string } | undefined {
   const path: string[] = [];
   let masquerade = false;
   let table = '';
+  // The rule whose verdict ended the packet (DROP, or REJECT, which drops
+  // after answering): in any table, e.g. kube-proxy's filter KUBE-SERVICES
+  // that REJECTs a Service without endpoints, or a NetworkPolicy chain.
+  let dropped: RuleTrace | undefined;
   for (const t of group) {
     if (t.table.startsWith('svctrace_')) continue; // our own marking table
+    if (!dropped && t.verdict === NF_DROP_VERDICT && (t.type === NFT_TRACETYPE_RULE || t.type === NFT_TRACETYPE_POLICY)) dropped = t;
     if (t.table !== 'nat' && t.table !== 'kube-proxy') continue;
     if (/^(KUBE-MARK-MASQ|mark-for-masquerade)$/.test(t.chain)) {
       masquerade = true;
@@ -147,9 +157,13 @@ export function rulePathOf(group: RuleTrace[]): { path: string[]; table: string;
   const dnatAt = path.findIndex((c) => /^(KUBE-SEP-|endpoint-)/.test(c));
   path.splice(dnatAt >= 0 ? dnatAt + 1 : path.length);
   path.splice(0, start);
-  if (!path.length) return undefined;
-  const summary = `kube-proxy rules taken (observed, nftables trace, table ${table}): ${path.join(' -> ')}${masquerade ? ' (marked for masquerade)' : ''}`;
-  return { path, table, masquerade, summary };
+  const droppedBy = dropped
+    ? `table ${dropped.table} chain ${dropped.chain} ${dropped.type === NFT_TRACETYPE_POLICY ? '(its policy)' : `rule handle ${String(dropped.ruleHandle)}`}`
+    : undefined;
+  if (!path.length && !droppedBy) return undefined;
+  const taken = path.length ? `kube-proxy rules taken (observed, nftables trace, table ${table}): ${path.join(' -> ')}${masquerade ? ' (marked for masquerade)' : ''}` : 'rules taken (observed, nftables trace)';
+  const summary = droppedBy ? `${taken}; dropped or rejected by ${droppedBy}` : taken;
+  return { path, table, masquerade, summary, droppedBy };
 }
 
 /** The summary of a rule path known without tracing (inferred from the DNAT target). */

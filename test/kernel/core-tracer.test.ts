@@ -180,6 +180,11 @@ describe('core tracer (kernel)', () => {
     assert.ok(eEvents.some((e) => e.stage === S.STAGE_DNAT && /NOT DNATed/.test(eventSummary(e))), 'not DNATed');
     assert.ok(eEvents.some((e) => e.kind === pb.EventKind.EVENT_KIND_DROP && e.dropReasonName === 'NETFILTER_DROP'), 'REJECT drops the SYN');
     assert.ok(eEvents.some((e) => e.icmpType === 3 && e.icmpCode === 3 && /port unreachable/.test(eventSummary(e))), 'ICMP port unreachable');
+    // The rule that refused it is named (kube-proxy's filter KUBE-SERVICES REJECT), from the nftables trace.
+    assert.ok(
+      await waitFor(() => log.eventsOf(ef[0]!).some((e) => e.kind === pb.EventKind.EVENT_KIND_RULE_TRACE && /dropped or rejected by table filter chain KUBE-SERVICES rule handle \d+/.test(e.summary ?? '')), 3000),
+      `the REJECT rule is named: ${log.eventsOf(ef[0]!).filter((e) => e.kind === pb.EventKind.EVENT_KIND_RULE_TRACE).map((e) => e.summary).join(' | ')}`,
+    );
 
     const closed = lab.service('closed');
     r = await lab.curl(`http://${closed.clusterIP}/`);

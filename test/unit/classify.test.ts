@@ -101,6 +101,19 @@ describe('rulePathOf (pure)', () => {
     assert.match(r.summary, /observed, nftables trace, table nat\): OUTPUT -> KUBE-SERVICES -> KUBE-SVC-X -> KUBE-SEP-Y \(marked for masquerade\)$/);
   });
 
+  it('names the rule whose verdict dropped or rejected the packet, in any table', () => {
+    const v = (table: string, chain: string, type: number, verdict: number, ruleHandle: bigint): RuleTrace => ({ ...t(table, chain), type, verdict, ruleHandle }) as RuleTrace;
+    // A Service without endpoints: nat finds no service chain, filter KUBE-SERVICES REJECTs (a drop verdict).
+    const r = rulePathOf([t('nat', 'OUTPUT'), t('nat', 'KUBE-SERVICES'), v('filter', 'OUTPUT', 3, -3, 2n), v('filter', 'KUBE-SERVICES', 3, 0, 7n)]);
+    assert.ok(r);
+    assert.equal(r.droppedBy, 'table filter chain KUBE-SERVICES rule handle 7');
+    assert.match(r.summary, /OUTPUT -> KUBE-SERVICES; dropped or rejected by table filter chain KUBE-SERVICES rule handle 7$/);
+    // A chain's policy.
+    assert.equal(rulePathOf([v('filter', 'FORWARD', 1, 0, 0n)])?.droppedBy, 'table filter chain FORWARD (its policy)');
+    // Accept, jump and continue verdicts are not drops.
+    assert.equal(rulePathOf([v('filter', 'INPUT', 3, 1, 1n), v('filter', 'INPUT', 3, -1, 2n)]), undefined);
+  });
+
   it('nothing kube-proxy related: no path', () => {
     assert.equal(rulePathOf([t('svctrace_1', 'output'), t('filter', 'INPUT')]), undefined);
   });

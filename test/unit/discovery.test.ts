@@ -11,6 +11,7 @@ import { parseNftKubeProxy } from '../../src/discovery/nftables';
 import { findByName, findByAddress, tracedAddressesOf } from '../../src/discovery/model';
 import { parseIpvsadm } from '../../src/discovery/ipvs';
 import { formatExplanation } from '../../src/explain/explain';
+import { diagnoseRules, diagnoseTraffic } from '../../src/explain/diagnose';
 import { KubeService, renderFilterTable, renderNatTable, renderNftKubeProxy } from '../../src/lab/kube-rules';
 
 const eps = [10, 11, 12].map((h) => ({ ip: `10.244.1.${h}`, port: 8080 }));
@@ -68,6 +69,17 @@ describe('iptables-save discovery', () => {
       tracedAddressesOf(web).map((a) => `${a.kind} ${a.address ?? '*'}:${a.port}/${a.proto}`),
       ['cluster-ip 10.96.0.100:80/tcp', 'external-ip 192.168.99.22:80/tcp', 'external-ip 203.0.113.7:80/tcp', 'nodeport *:30080/tcp'],
     );
+  });
+
+  it('a Service without endpoints is NO_ENDPOINTS, never also RULES_MISSING for the connections it refused', () => {
+    const empty = findByName(d, 'default/empty:http')[0]!;
+    const refused = { seconds: 5, flows: 1, notDnated: 1, backends: [], masqueraded: 0 };
+    const codes = [...diagnoseRules(empty, 'default/empty', true), ...diagnoseTraffic(empty, refused)].map((x) => x.code);
+    assert.ok(codes.includes('NO_ENDPOINTS'), codes.join());
+    assert.ok(!codes.includes('RULES_MISSING'), codes.join());
+    // With endpoints, a connection left undnated does mean the rules failed it.
+    const web = findByName(d, 'default/web:http')[0]!;
+    assert.ok(diagnoseTraffic(web, refused).some((x) => x.code === 'RULES_MISSING'));
   });
 
   it('lists a NodePort once when kube-proxy writes it in several KUBE-NODEPORTS rules', () => {
