@@ -169,6 +169,19 @@ export function* iterChunks(path: string): Generator<Chunk, WalkResult, void> {
       }
       const need = CHUNK_HEADER_BYTES + length + HASH_BYTES;
       const trailerAt = size - off < need ? trailerAtEnd(fd, size, off + CHUNK_HEADER_BYTES) : undefined;
+      if (size - off < need && completeWithOtherLength(fd, size, off, header, prev)) {
+        // The rest of the file is this very chunk, whole and hash-valid,
+        // under a different length: the length field was altered (a crash
+        // cannot leave a chunk whose hash matches another length).
+        problems.push({
+          kind: 'bad-header',
+          offset: off,
+          chunk: index,
+          message: `chunk ${index} (${CHUNK_NAMES[type]}) at offset ${off} declares ${length} bytes, but it is complete, hash included, with ${size - off - CHUNK_HEADER_BYTES - HASH_BYTES}: its length was altered`,
+          corrupt: true,
+        });
+        break;
+      }
       if (trailerAt !== undefined) {
         // A crash cuts the file inside its last chunk; it cannot leave a
         // whole trailer after it. A length running past the end of a file
@@ -246,4 +259,17 @@ function trailerAtEnd(fd: number, size: number, from: number): number | undefine
     }
   }
   return undefined;
+}
+
+/** Whether the rest of the file, from `off`, is one whole chunk with the same type and a length other than its header says. */
+function completeWithOtherLength(fd: number, size: number, off: number, header: Buffer, prev: Buffer): boolean {
+  const len = size - off - CHUNK_HEADER_BYTES - HASH_BYTES;
+  if (len < 0 || len > MAX_CHUNK_PAYLOAD) return false;
+  const payload = Buffer.alloc(len);
+  fs.readSync(fd, payload, 0, len, off + CHUNK_HEADER_BYTES);
+  const stored = Buffer.alloc(HASH_BYTES);
+  fs.readSync(fd, stored, 0, HASH_BYTES, off + CHUNK_HEADER_BYTES + len);
+  const fixed = Buffer.from(header);
+  fixed.writeUInt32LE(len, 4);
+  return chunkHash(prev, fixed, payload).equals(stored);
 }
