@@ -143,4 +143,23 @@ describe('evidence: record, verify, replay, export (kernel)', () => {
     const replayed = spawnSync(process.execPath, [CLI, 'replay', file, '-o', 'json', '--speed', 'max'], { encoding: 'utf8', maxBuffer: 64 << 20 });
     assert.equal(replayed.stdout.trim().split('\n').length, events);
   });
+
+  kernelTest('SIGHUP (a closed terminal) ends record like Ctrl-C: a complete recording, the marker table removed', async () => {
+    const web = lab.service('web');
+    const file = path.join(dir, 'hup.svtr');
+    const rec = spawn(process.execPath, [CLI, 'record', '--netns', lab.nodeNetns, '-s', `${web.clusterIP}:80`, '-o', file], { stdio: ['ignore', 'ignore', 'pipe'] });
+    let err = '';
+    rec.stderr!.on('data', (d) => (err += d));
+    assert.ok(await waitFor(() => err.includes('Ctrl-C to stop'), 10_000), err);
+    const tables = () => execFileSync('ip', ['netns', 'exec', lab.nodeNetns, 'nft', 'list', 'tables'], { encoding: 'utf8' });
+    assert.match(tables(), new RegExp(`svctrace_${rec.pid}\\b`));
+    assert.ok((await lab.curl(`http://${web.clusterIP}/`)).ok);
+    rec.kill('SIGHUP');
+    assert.equal(await new Promise((r) => rec.once('exit', r)), 0, err);
+    assert.match(err, /\(signal\)/);
+    assert.doesNotMatch(tables(), new RegExp(`svctrace_${rec.pid}\\b`), 'marker table removed');
+    const v = spawnSync(process.execPath, [CLI, 'verify', file, '--strict'], { encoding: 'utf8' });
+    assert.equal(v.status, 0, v.stdout);
+    assert.match(v.stdout, /OK: complete/);
+  });
 });
