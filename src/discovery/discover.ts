@@ -12,7 +12,7 @@ import { Discovery } from './model';
 
 export async function discover(netnsPath: string = CURRENT_NETNS): Promise<Discovery> {
   const [nft, ipt] = await Promise.all([
-    runInNetns(netnsPath, ['nft', 'list', 'table', 'ip', 'kube-proxy']),
+    runInNetns(netnsPath, ['nft', '-j', 'list', 'table', 'ip', 'kube-proxy']),
     runInNetns(netnsPath, ['iptables-save']),
   ]);
   const warnings: string[] = [];

@@ -6,13 +6,15 @@
  */
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
+import path from 'node:path';
+import fs from 'node:fs';
 import { parseIptablesSave, splitRule } from '../../src/discovery/iptables';
 import { parseNftKubeProxy } from '../../src/discovery/nftables';
 import { findByName, findByAddress, tracedAddressesOf } from '../../src/discovery/model';
 import { parseIpvsadm } from '../../src/discovery/ipvs';
 import { formatExplanation } from '../../src/explain/explain';
 import { diagnoseRules, diagnoseTraffic } from '../../src/explain/diagnose';
-import { KubeService, renderFilterTable, renderNatTable, renderNftKubeProxy } from '../../src/lab/kube-rules';
+import { KubeService, renderFilterTable, renderNatTable } from '../../src/lab/kube-rules';
 
 const eps = [10, 11, 12].map((h) => ({ ip: `10.244.1.${h}`, port: 8080 }));
 const services: KubeService[] = [
@@ -100,27 +102,35 @@ describe('iptables-save discovery', () => {
 });
 
 describe('nftables discovery', () => {
-  it('reads kube-proxy\'s nftables table as printed by nft', () => {
-    // nft prints what it loaded in this shape (checked against a live table in test/kernel/explain.test.ts).
-    const d = parseNftKubeProxy(renderNftKubeProxy(services, { clusterCIDR: '10.244.0.0/16' }).split('\n').slice(2).join('\n'));
+  it('reads kube-proxy\'s nftables table from nft -j (libnftables JSON)', () => {
+    // test/fixtures/kube-proxy-nft.json: the lab's rules as a live nft lists them (scripts/gen-nft-fixture.sh).
+    const json = fs.readFileSync(path.join(__dirname, '..', '..', '..', 'test', 'fixtures', 'kube-proxy-nft.json'), 'utf8');
+    const d = parseNftKubeProxy(json);
     assert.equal(d.mode, 'nftables');
+    assert.deepEqual(d.warnings, []);
     const web = findByName(d, 'default/web:http')[0]!;
-    assert.equal(web.endpoints.length, 3);
+    assert.equal(web.clusterIP, '10.96.0.100');
+    assert.deepEqual(web.endpoints.map((e) => `${e.ip}:${e.port}`), ['10.244.1.10:8080', '10.244.1.11:8080', '10.244.1.12:8080']);
     for (const e of web.endpoints) assert.ok(Math.abs(e.probability - 1 / 3) < 1e-9);
     assert.match(web.chain, /^service-[A-Z0-9]{8}-default\/web\/tcp\/http$/);
     assert.deepEqual(web.nodePorts, [30080]);
     assert.equal(web.nodePortMasquerade, true);
+    assert.equal(web.masqueradeUnless, '10.244.0.0/16');
+    const dns = findByName(d, 'kube-system/kube-dns:dns')[0]!;
+    assert.equal(dns.proto, 'udp');
+    assert.deepEqual(dns.endpoints.map((e) => e.probability), [0.5, 0.5]);
     assert.equal(findByName(d, 'default/empty')[0]!.rejects, true);
+    assert.equal(d.masqueradeRule, true);
     // An externalIP in service-ips goes to the Service's external-* chain: an address of web, not a Service of its own.
-    const text = renderNftKubeProxy(services, { clusterCIDR: '10.244.0.0/16' }).split('\n').slice(2).join('\n');
-    const withExt = text.replace(
-      /(elements = \{ 10\.96\.0\.100 \. tcp \. 80 : goto service-([A-Z0-9]{8})-default\/web\/tcp\/http)/,
-      '$1,\n\t\t\t     192.168.99.22 . tcp . 80 : goto external-$2-default/web/tcp/http',
-    );
-    assert.notEqual(withExt, text, 'the test rewrote the map');
-    const d2 = parseNftKubeProxy(withExt);
+    const doc = JSON.parse(json) as { nftables: Array<{ map?: { name: string; elem: unknown[] } }> };
+    const ips = doc.nftables.find((x) => x.map?.name === 'service-ips')!.map!;
+    const ext = web.chain.replace(/^service-/, 'external-');
+    ips.elem.push([{ concat: ['192.168.99.22', 'tcp', 80] }, { goto: { target: ext } }]);
+    const d2 = parseNftKubeProxy(JSON.stringify(doc));
     assert.deepEqual(findByName(d2, 'default/web:http')[0]!.externalIPs, ['192.168.99.22']);
     assert.equal(d2.services.length, d.services.length, 'no pseudo-service for the external address');
+    // Not JSON at all: no rules, said so.
+    assert.equal(parseNftKubeProxy('table ip kube-proxy {').mode, 'none');
   });
 });
 
