@@ -144,7 +144,10 @@ export function parseIptablesSave(save: string): Discovery {
         warnings.push(`${sr.target}: no DNAT --to-destination found`);
         continue;
       }
-      s.endpoints.push({ ip: m[1]!, port: Number(m[2]), probability: chosen, chain: sr.target });
+      // kube-proxy's hairpin rule: -A KUBE-SEP-X -s <endpoint>/32 -j KUBE-MARK-MASQ.
+      const hairpin = (byChain.get(sr.target) ?? []).find((x) => x.target === 'KUBE-MARK-MASQ' && x.opt('-s'));
+      const ruleAddress = hairpin ? addr(hairpin.opt('-s')) : undefined;
+      s.endpoints.push({ ip: m[1]!, port: Number(m[2]), probability: chosen, chain: sr.target, ...(ruleAddress ? { ruleAddress } : {}) });
     }
     services.push(s);
     byChainName.set(r.target, s);

@@ -7,6 +7,8 @@ export interface DiscoveredEndpoint {
   probability: number;
   /** The rule chain that DNATs to it: KUBE-SEP-* (iptables) or endpoint-* (nftables). */
   chain: string;
+  /** The endpoint address the chain's own hairpin (masquerade) rule names: kube-proxy writes the same one as the DNAT target. */
+  ruleAddress?: string;
 }
 
 export interface DiscoveredService {

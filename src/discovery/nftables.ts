@@ -84,6 +84,13 @@ function saddrNotIn(st: Json): string | undefined {
   return p ? `${String(p.addr)}/${String(p.len)}` : typeof m.right === 'string' ? m.right : undefined;
 }
 
+/** `ip saddr 10.244.1.10` as JSON: the address. */
+function saddrIs(st: Json): string | undefined {
+  const m = isObj(st.match) ? st.match : undefined;
+  const left = m && isObj(m.left) && isObj(m.left.payload) ? m.left.payload : undefined;
+  return m?.op === '==' && left?.protocol === 'ip' && left.field === 'saddr' && typeof m.right === 'string' && !m.right.startsWith('@') ? m.right : undefined;
+}
+
 /** `ip saddr @affinity-X` as JSON: the set's name. */
 function affinitySet(st: Json): string | undefined {
   const m = isObj(st.match) ? st.match : undefined;
@@ -180,7 +187,9 @@ export function parseNftKubeProxy(json: string): Discovery {
         warnings.push(`${ep}: no dnat rule found`);
         continue;
       }
-      s.endpoints.push({ ip: dnat.addr, port: dnat.port, probability: 1 / Math.max(mod, endpointChains.length, 1), chain: ep });
+      // kube-proxy's hairpin rule: ip saddr <endpoint> jump mark-for-masquerade.
+      const ruleAddress = (doc.chains.get(ep) ?? []).map((rule) => (verdictTarget(rule.at(-1)) === 'mark-for-masquerade' ? rule.map(saddrIs).find(Boolean) : undefined)).find(Boolean);
+      s.endpoints.push({ ip: dnat.addr, port: dnat.port, probability: 1 / Math.max(mod, endpointChains.length, 1), chain: ep, ...(ruleAddress ? { ruleAddress } : {}) });
     }
   }
 

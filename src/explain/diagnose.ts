@@ -21,20 +21,32 @@ export interface Diagnosis {
     | 'CLIENT_IP_HIDDEN'
     | 'MASQUERADE_RULE_MISSING'
     | 'BACKEND_NOT_LISTENING'
+    | 'BACKEND_FILTERED'
+    | 'STALE_RULE'
     | 'REPLY_PATH_BROKEN'
     | 'ENDPOINTS_MISMATCH';
   severity: 'error' | 'warning' | 'info';
+  /** Where the fault is: what to look at, and who fixes it. */
+  layer?: 'rules' | 'conntrack' | 'routing' | 'neighbour' | 'pod-firewall' | 'application';
   summary: string;
   evidence: string[];
 }
+
+/** silent: timed out on the port and on port 1 too: no live host answers at the address. */
+export type ProbeOutcome = 'ok' | 'refused' | 'timeout' | 'unreachable' | 'silent' | 'error';
 
 export interface BackendState {
   ip: string;
   port: number;
   route: RouteInfo;
   neighbour: NeighbourInfo;
-  /** --probe: a TCP connection attempt from the node: true, false, or undefined when not probed. */
-  probe?: boolean;
+  /**
+   * --probe: how a TCP connection from the node to the backend ended:
+   * accepted, refused (RST: nothing listens, or a REJECT), timed out (a DROP
+   * somewhere on the way), unreachable (no host answers: EHOSTUNREACH), or
+   * another error. Undefined when not probed.
+   */
+  probe?: ProbeOutcome;
 }
 
 /** Flows seen live for one backend (explain --watch). */
@@ -102,22 +114,63 @@ export function diagnoseRules(svc: DiscoveredService | undefined, target: string
   return out;
 }
 
+/**
+ * Each backend, from the node's point of view; the probe's outcome tells the
+ * faults apart (one diagnosis per backend, the most specific):
+ * - its rule disagrees with itself (STALE_RULE, rules): the rule is wrong;
+ * - nothing answers at the address (GHOST_BACKEND, routing/neighbour);
+ * - the connection is refused (BACKEND_NOT_LISTENING, application);
+ * - the host answers ARP but the connection times out (BACKEND_FILTERED, pod firewall).
+ */
 export function diagnoseBackends(svc: DiscoveredService, backends: BackendState[]): Diagnosis[] {
   const out: Diagnosis[] = [];
-  for (const b of backends) {
-    const bad: string[] = [];
-    if (!b.route.ok) bad.push(`no route: ${b.route.error}`);
-    if (['FAILED', 'INCOMPLETE'].includes(b.neighbour.state)) bad.push(`neighbour ${b.neighbour.state} (nothing answers ARP for ${b.ip})`);
-    if (b.probe === false) bad.push(`TCP connect to ${b.ip}:${b.port} from the node failed`);
-    if (bad.length) {
+  backends.forEach((b, i) => {
+    const ep = svc.endpoints[i];
+    const at = `${b.ip}:${b.port}`;
+    const probe = b.probe === undefined || b.probe === 'silent' ? [] : [`TCP connect from the node: ${b.probe === 'ok' ? 'accepted' : b.probe}`];
+    if (ep?.ruleAddress && ep.ruleAddress !== ep.ip) {
+      out.push({
+        code: 'STALE_RULE',
+        severity: 'error',
+        layer: 'rules',
+        summary: `${ep.chain} DNATs to ${at}, but the same chain's own hairpin rule names ${ep.ruleAddress}: the rule is wrong (edited by hand, or left stale), not the pod; kube-proxy would DNAT to ${ep.ruleAddress}:${b.port}`,
+        evidence: [`${ep.chain}: DNAT to ${at}`, `${ep.chain}: masquerade for source ${ep.ruleAddress} (the endpoint the rule was written for)`, ...probe],
+      });
+      return;
+    }
+    const noHost: string[] = [];
+    if (!b.route.ok) noHost.push(`no route: ${b.route.error}`);
+    if (['FAILED', 'INCOMPLETE'].includes(b.neighbour.state)) noHost.push(`neighbour ${b.neighbour.state} (nothing answers ARP for ${b.ip})`);
+    if (b.probe === 'unreachable') noHost.push(`TCP connect to ${at}: host unreachable`);
+    if (b.probe === 'silent') noHost.push(`no answer at ${b.ip}, on port ${b.port} nor on port 1 (a live host refuses that): no host there, or one that drops everything`);
+    if (noHost.length) {
       out.push({
         code: 'GHOST_BACKEND',
         severity: 'error',
-        summary: `${svc.name} DNATs to ${b.ip}:${b.port}, which this node cannot reach: a stale ("ghost") endpoint — the pod is gone or unreachable, yet the rules still send it connections`,
-        evidence: bad,
+        layer: b.route.ok ? 'neighbour' : 'routing',
+        summary: `${svc.name} DNATs to ${at}, where no host answers: a stale ("ghost") endpoint — the pod is gone or its address moved, yet the rules still send it connections`,
+        evidence: [...noHost, ...probe],
       });
+    } else if (b.probe === 'refused') {
+      out.push({
+        code: 'BACKEND_NOT_LISTENING',
+        severity: 'error',
+        layer: 'application',
+        summary: `the pod at ${b.ip} is there, but a connection to port ${b.port} was refused: nothing listens on it (wrong targetPort, the app is down) or the pod REJECTs it`,
+        evidence: [`neighbour ${b.neighbour.state}`, ...probe],
+      });
+    } else if (b.probe === 'timeout') {
+      out.push({
+        code: 'BACKEND_FILTERED',
+        severity: 'error',
+        layer: 'pod-firewall',
+        summary: `the pod at ${b.ip} is there (it refuses other ports), but a connection to port ${b.port} times out: something drops it on the way in (a NetworkPolicy, the pod's own firewall)`,
+        evidence: [`neighbour ${b.neighbour.state}`, ...probe],
+      });
+    } else if (b.probe === 'error') {
+      out.push({ code: 'GHOST_BACKEND', severity: 'error', layer: 'routing', summary: `${svc.name} DNATs to ${at}, which this node cannot connect to`, evidence: probe });
     }
-  }
+  });
   return out;
 }
 

@@ -12,7 +12,7 @@ import { CURRENT_NETNS, resolveNetns, runInNetns } from '../netns/netns';
 import { Pipeline } from '../pipeline/pipeline';
 import { waitForStop } from '../pipeline/lifecycle';
 import { ApiEndpoint, Cluster } from '../k8s/cluster';
-import { BackendState, Diagnosis, diagnoseApi, diagnoseBackends, diagnoseConntrack, diagnoseRules, diagnoseTraffic, ObservedTraffic, observeFlows } from './diagnose';
+import { BackendState, Diagnosis, diagnoseApi, diagnoseBackends, diagnoseConntrack, diagnoseRules, diagnoseTraffic, ObservedTraffic, observeFlows, ProbeOutcome } from './diagnose';
 import { conntrackPressure, neighbour, routeTo } from './node-state';
 
 export interface ExplainOptions {
@@ -37,7 +37,28 @@ export interface Explanation {
   diagnoses: Diagnosis[];
 }
 
-const PROBE = `const s=require('net').connect(Number(process.argv[2]),process.argv[1]);s.setTimeout(1000);s.on('connect',()=>process.exit(0));s.on('error',()=>process.exit(1));s.on('timeout',()=>process.exit(2));`;
+/**
+ * The probe, run inside the namespace: a TCP connect whose exit code says
+ * how it ended (0 accepted, 3 refused, 2 timed out, 4 unreachable, 1 other).
+ * 5 s: a host that does not answer ARP is reported unreachable after about
+ * 3 s of neighbour probes; a filtered port only times out.
+ */
+const PROBE = `const s=require('net').connect(Number(process.argv[2]),process.argv[1]);s.setTimeout(5000);s.on('connect',()=>process.exit(0));s.on('error',(e)=>process.exit(e.code==='ECONNREFUSED'?3:e.code==='EHOSTUNREACH'||e.code==='ENETUNREACH'?4:1));s.on('timeout',()=>process.exit(2));`;
+const PROBE_OUTCOMES: Record<number, ProbeOutcome> = { 0: 'ok', 3: 'refused', 2: 'timeout', 4: 'unreachable' };
+
+/**
+ * Probes a backend's port. A timeout alone cannot tell a filtered port from
+ * an address where no pod is left (a neighbour entry can still say
+ * REACHABLE for a while after the pod went): a second connect, to port 1,
+ * which nothing serves, is refused by a live host and unanswered otherwise.
+ */
+async function probeBackend(netns: string, ip: string, port: number): Promise<ProbeOutcome> {
+  const run = async (p: number) => PROBE_OUTCOMES[(await runInNetns(netns, [process.execPath, '-e', PROBE, ip, String(p)])).code] ?? 'error';
+  const first = await run(port);
+  if (first !== 'timeout' || port === 1) return first;
+  const other = await run(1);
+  return other === 'refused' || other === 'ok' ? 'timeout' : 'silent';
+}
 
 /** Resolves `ns/name[:port]` or `IP:port[/proto]` to the discovered services it names. */
 export function resolveTarget(d: Discovery, target: string): { services: DiscoveredService[]; label: string } {
@@ -67,7 +88,7 @@ export async function explain(opts: ExplainOptions): Promise<Explanation[]> {
     const backends: BackendState[] = await Promise.all(
       svc.endpoints.map(async (e) => {
         const b: BackendState = { ip: e.ip, port: e.port, route: await routeTo(netns, e.ip), neighbour: await neighbour(netns, e.ip) };
-        if (opts.probe && svc.proto === 'tcp') b.probe = (await runInNetns(netns, [process.execPath, '-e', PROBE, e.ip, String(e.port)])).code === 0;
+        if (opts.probe && svc.proto === 'tcp') b.probe = await probeBackend(netns, e.ip, e.port);
         return b;
       }),
     );
@@ -148,7 +169,7 @@ export function formatExplanation(e: Explanation): string {
       const b = e.backends[i];
       const route = !b ? '' : b.route.ok ? `dev ${b.route.dev}${b.route.gateway ? ` via ${b.route.gateway}` : ''}${b.route.src ? ` src ${b.route.src}` : ''}` : `NO ROUTE (${b.route.error})`;
       const neigh = b ? `neighbour ${b.neighbour.state}` : '';
-      const probe = b?.probe === undefined ? '' : b.probe ? ', TCP connect ok' : ', TCP connect FAILED';
+      const probe = b?.probe === undefined ? '' : b.probe === 'ok' ? ', TCP connect ok' : `, TCP connect ${b.probe.toUpperCase()}`;
       const obs = e.observed?.backends.find((o) => o.backend === `${ep.ip}:${ep.port}`);
       const seen = e.observed ? `  observed ${obs?.flows ?? 0} of ${e.observed.flows}` : '';
       const apiEp = e.api?.find((a) => a.ip === ep.ip && a.port === ep.port);
@@ -160,7 +181,7 @@ export function formatExplanation(e: Explanation): string {
   if (e.observed) L.push(`  watched ${e.observed.seconds} s: ${e.observed.flows} new connections, ${e.observed.masqueraded} masqueraded, ${e.observed.notDnated} not DNATed`);
   L.push(e.diagnoses.length ? '  diagnoses:' : '  diagnoses: none');
   for (const d of e.diagnoses) {
-    L.push(`    [${d.severity.toUpperCase()}] ${d.code}: ${d.summary}`);
+    L.push(`    [${d.severity.toUpperCase()}] ${d.code}${d.layer ? ` (${d.layer})` : ''}: ${d.summary}`);
     for (const ev of d.evidence) L.push(`        evidence: ${ev}`);
   }
   return L.join('\n');

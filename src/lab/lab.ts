@@ -391,6 +391,31 @@ export class Lab {
     await runIn(pod.netns, ['iptables', '-A', 'OUTPUT', '-j', 'DROP']);
   }
 
+  /** The pod's own firewall drops (or rejects) new connections to a port: a filtered backend. */
+  async filterPort(name: string, port: number, verdict: 'DROP' | 'REJECT' = 'DROP'): Promise<void> {
+    const pod = this.pods.find((p) => p.name === name);
+    if (!pod) throw new SvctraceError('INTERNAL', `lab has no pod ${name}`);
+    await runIn(pod.netns, ['iptables', '-A', 'INPUT', '-p', 'tcp', '--dport', String(port), '-j', verdict, ...(verdict === 'REJECT' ? ['--reject-with', 'tcp-reset'] : [])]);
+  }
+
+  /**
+   * A stale rule (iptables mode): the DNAT of the endpoint chain written for
+   * `podName` is rewritten to send connections to `to`, an address with no
+   * pod; the chain's hairpin rule still names the pod. Returns the chain.
+   */
+  async staleRule(podName: string, to: string): Promise<string> {
+    const pod = this.pods.find((p) => p.name === podName);
+    if (!pod) throw new SvctraceError('INTERNAL', `lab has no pod ${podName}`);
+    const rules = (await runIn(this.nodeNetns, ['iptables-save', '-t', 'nat'])).stdout.split('\n');
+    const dnat = rules.find((l) => /^-A KUBE-SEP-\S+ .*-j DNAT --to-destination /.test(l) && l.includes(`--to-destination ${pod.ip}:${POD_HTTP_PORT}`));
+    if (!dnat) throw new SvctraceError('INTERNAL', `no DNAT rule to ${pod.ip}:${POD_HTTP_PORT}`);
+    const chain = dnat.split(' ')[1]!;
+    const index = rules.filter((l) => l.startsWith(`-A ${chain} `)).indexOf(dnat) + 1;
+    const spec = dnat.split(' ').slice(2).join(' ').replace(`--to-destination ${pod.ip}:`, `--to-destination ${to}:`);
+    await runIn(this.nodeNetns, ['sh', '-c', `iptables -t nat -R ${chain} ${index} ${spec}`]);
+    return chain;
+  }
+
   /** Re-renders the rules with a service's externalTrafficPolicy. */
   async setExternalTrafficPolicy(service: string, policy: 'Cluster' | 'Local'): Promise<void> {
     this.service(service).externalTrafficPolicy = policy;

@@ -234,3 +234,46 @@ describe('diagnoses of faults created in the lab (kernel)', () => {
     assert.ok(!ghost.some((d) => d.summary.includes('10.244.1.10:8080')), 'a healthy pod is not a ghost');
   });
 });
+
+describe('three incidents told apart by explain --probe alone (kernel)', () => {
+  let lab: Lab;
+  before(async () => {
+    if (IS_ROOT) lab = await Lab.up();
+  });
+  after(async () => {
+    await lab?.down();
+  });
+
+  kernelTest('a backend refusing, a backend filtering, and a stale rule: each its own diagnosis, with its layer', async () => {
+    const backendCodes = ['GHOST_BACKEND', 'BACKEND_NOT_LISTENING', 'BACKEND_FILTERED', 'STALE_RULE'];
+    const healthy = await explain({ target: 'default/web', netns: lab.nodeNetns, probe: true });
+    assert.deepEqual(codes(healthy).filter((c) => backendCodes.includes(c)), [], 'a healthy Service has no backend diagnosis');
+
+    // Refused: nothing listens on the port the rules send connections to.
+    const refused = await explain({ target: 'default/closed', netns: lab.nodeNetns, probe: true });
+    const nl = refused[0]!.diagnoses.find((d) => d.code === 'BACKEND_NOT_LISTENING');
+    assert.ok(nl, JSON.stringify(refused[0]!.diagnoses));
+    assert.equal(nl.layer, 'application');
+    assert.ok(!codes(refused).includes('GHOST_BACKEND'), 'a pod that refuses is not gone');
+
+    // Filtered: pod1's own firewall drops the port; stale: pod2's rule DNATs to an address with no pod.
+    const [pod1, pod2] = [lab.pods[1]!, lab.pods[2]!];
+    await lab.filterPort(pod1.name, 8080);
+    const chain = await lab.staleRule(pod2.name, '10.244.1.99');
+    const e = await explain({ target: 'default/web', netns: lab.nodeNetns, probe: true });
+    const ds = e[0]!.diagnoses.filter((d) => backendCodes.includes(d.code));
+    const filtered = ds.find((d) => d.code === 'BACKEND_FILTERED');
+    assert.ok(filtered && filtered.summary.includes(pod1.ip) && filtered.layer === 'pod-firewall', JSON.stringify(ds));
+    const stale = ds.find((d) => d.code === 'STALE_RULE');
+    assert.ok(stale && stale.layer === 'rules', JSON.stringify(ds));
+    assert.match(stale.summary, new RegExp(`${chain} DNATs to 10\\.244\\.1\\.99:8080, but the same chain's own hairpin rule names ${pod2.ip.replace(/\./g, '\\.')}`));
+    assert.ok(!ds.some((d) => d.code === 'GHOST_BACKEND'), `the stale rule is not called a ghost pod: ${JSON.stringify(ds)}`);
+    assert.equal(ds.length, 2, `pod0 is healthy: ${JSON.stringify(ds)}`);
+
+    // The CLI says the same, with the layer.
+    const r = cli(['explain', 'default/web', '--netns', lab.nodeNetns, '--probe']);
+    assert.match(r.stdout, /\[ERROR\] BACKEND_FILTERED \(pod-firewall\)/);
+    assert.match(r.stdout, /\[ERROR\] STALE_RULE \(rules\)/);
+    assert.match(r.stdout, /TCP connect TIMEOUT/);
+  });
+});

@@ -10,7 +10,7 @@ export function registerExplain(program: Command): void {
     .argument('<service>', 'ClusterIP:port[/proto] or namespace/name[:port]')
     .option('--netns <name|path>', "the node's network namespace (default: svctrace's own)")
     .option('--watch <seconds>', 'then trace live traffic this long and compare it with the rules')
-    .option('--probe', 'also try a TCP connection to each backend from the node')
+    .option('--probe', 'also try a TCP connection to each backend from the node: refused, timed out or unreachable tell the faults apart')
     .option('--kubeconfig <path>', 'compare with the Kubernetes API (default: $KUBECONFIG, ~/.kube/config or in-cluster, if any)')
     .option('-o, --output <format>', 'text or json', 'text')
     .action(async (target: string, opts: { netns?: string; watch?: string; probe?: boolean; output: string; kubeconfig?: string }) => {
