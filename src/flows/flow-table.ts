@@ -31,7 +31,7 @@ export class FlowTable implements FlowTableView {
   private nextId = 1;
   private readonly opts: Required<Omit<FlowTableOptions, 'netnsName' | 'dropReasons'>> & Pick<FlowTableOptions, 'netnsName'>;
   private readonly dropReasons: Record<string, string>;
-  private readonly summaryCounters: FlowSummary = { flows: 0, closed: 0, perBackend: {}, dropsByReason: {}, resets: 0, evicted: 0 };
+  private readonly summaryCounters: FlowSummary = { flows: 0, closed: 0, perBackend: {}, dropsByReason: {}, dropFlowsByReason: {}, resets: 0, evicted: 0 };
   /** Rule traces that were waiting for a flow, emitted right after its first event. */
   private readonly deferred: Ingested[] = [];
   /** Rule traces that arrived before their flow's first kernel event, by tuple index key. */
@@ -62,7 +62,11 @@ export class FlowTable implements FlowTableView {
   }
 
   summary(): FlowSummary {
-    return structuredClone(this.summaryCounters);
+    const s = structuredClone(this.summaryCounters);
+    // A TCP connection in TIME_WAIT or CLOSE has ended, though conntrack
+    // keeps its entry a while (120 s for TIME_WAIT): count it closed.
+    for (const f of this.byKey.values()) if (!f.closed && f.proto === 6 && (f.tcpState === TCP_TIME_WAIT || f.tcpState === TCP_CLOSE)) s.closed++;
+    return s;
   }
 
   private readonly serviceLabels = new Map<number, string>();
@@ -337,8 +341,10 @@ export class FlowTable implements FlowTableView {
     if (fx.icmpError) f.icmpErrors.push(fx.icmpError);
     if (fx.backendNetns) f.backendNetns = fx.backendNetns;
     if (fx.drop) {
+      const c = this.summaryCounters;
+      if (!f.drops.includes(fx.drop)) c.dropFlowsByReason[fx.drop] = (c.dropFlowsByReason[fx.drop] ?? 0) + 1;
       f.drops.push(fx.drop);
-      this.summaryCounters.dropsByReason[fx.drop] = (this.summaryCounters.dropsByReason[fx.drop] ?? 0) + 1;
+      c.dropsByReason[fx.drop] = (c.dropsByReason[fx.drop] ?? 0) + 1;
     }
     if (fx.closed && !f.closed) {
       f.closed = true;
@@ -382,6 +388,10 @@ export class FlowTable implements FlowTableView {
     return gone;
   }
 }
+
+/** enum tcp_conntrack (events/conntrack TCP_CT_STATES). */
+const TCP_TIME_WAIT = 7;
+const TCP_CLOSE = 8;
 
 const STATS_REASON_NAMES: Record<number, string> = {
   [StatsReason.PERIODIC]: 'periodic',

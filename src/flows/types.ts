@@ -81,9 +81,13 @@ export interface FlowTableOptions {
 
 export interface FlowSummary {
   flows: number;
+  /** Flows whose connection ended: conntrack destroyed the entry, or TCP reached TIME_WAIT/CLOSE. */
   closed: number;
   perBackend: Record<string, number>;
+  /** Dropped packets reported, per reason (every retry counts). */
   dropsByReason: Record<string, number>;
+  /** Flows with at least one drop of that reason (what the timelines show once each). */
+  dropFlowsByReason: Record<string, number>;
   resets: number;
   /** Flows removed from the table to stay under maxFlows (their later events start new flows). */
   evicted: number;

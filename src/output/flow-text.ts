@@ -35,6 +35,20 @@ const COLOR: Record<number, string> = {
   [pb.Stage.STAGE_CLOSE]: '2', // dim
 };
 
+/**
+ * A timeline line's label. The drop stage holds three different things: a
+ * packet the kernel dropped (DROP), a TCP reset (RESET: refused or aborted,
+ * an answer), and an ICMP error about the flow (ICMP: e.g. port unreachable
+ * from a REJECT rule).
+ */
+export function stageLabel(stage: number, ev: pb.IEvent): string {
+  if (stage === pb.Stage.STAGE_DROP && ev.kind !== pb.EventKind.EVENT_KIND_DROP) {
+    if (/\bRST\b/.test(ev.tcpFlags ?? '')) return 'RESET';
+    if (ev.icmpType) return 'ICMP';
+  }
+  return STAGE_LABEL[stage] ?? '?';
+}
+
 export class FlowTextPrinter {
   private readonly headerPrinted = new Set<number>();
 
@@ -58,7 +72,7 @@ export class FlowTextPrinter {
         lines.push(this.paint('1', `[flow ${flow.id}] ${PROTO_NAMES[flow.proto] ?? flow.proto} ${flow.orig.saddr}:${flow.orig.sport} -> ${flow.orig.daddr}:${flow.orig.dport} (service ${flow.service})`));
       }
       const rel = (Number(entry.tsNs - flow.firstTsNs) / 1e6).toFixed(3);
-      const label = (entry.label ?? (entry.stateChange && entry.stage !== pb.Stage.STAGE_DROP ? 'state' : STAGE_LABEL[entry.stage] ?? '?')).padEnd(6);
+      const label = (entry.label ?? (entry.stateChange && entry.stage !== pb.Stage.STAGE_DROP ? 'state' : stageLabel(entry.stage, event))).padEnd(6);
       lines.push(`  [${flow.id}] +${rel.padStart(9)}ms ${this.paint(COLOR[entry.stage], label)} ${eventSummary(event)}`);
       if (entry.stage === pb.Stage.STAGE_CLOSE) lines.push(`  [${flow.id}] ${this.describeEnd(flow)}`);
     }
@@ -89,8 +103,11 @@ export function formatSummary(s: FlowSummary, stats: TracerStats, backendName: (
       lines.push(`    ${b.padEnd(22)} ${String(n).padStart(6)}${name ? `  ${name}` : ''}`);
     }
   }
+  // Packets (retries included) and the flows they belong to: a flow's
+  // timeline shows its first drop of a reason once.
   const drops = Object.entries(s.dropsByReason);
-  lines.push(drops.length ? `  drops by reason: ${drops.map(([r, n]) => `${r}=${n}`).join(' ')}` : '  drops: none');
+  const flowsOf = (r: string) => s.dropFlowsByReason?.[r] ?? 0;
+  lines.push(drops.length ? `  drops by reason: ${drops.map(([r, n]) => `${r}=${n} packets in ${flowsOf(r)} flow${flowsOf(r) === 1 ? '' : 's'}`).join(', ')}` : '  drops: none');
   const losses = { ...kernelLosses(stats), flow_table: s.evicted };
   const lost = totalLost(losses);
   lines.push(

@@ -8,6 +8,7 @@ import { parseServiceSpec } from '../../src/net/ipv4';
 import { svctrace } from '../../src/gen/svctrace';
 import { ctKeyOf, ev, orig } from '../helpers/kernel-events';
 import { eventSummary } from '../../src/output/event-summary';
+import { formatSummary, stageLabel } from '../../src/output/flow-text';
 
 import pb = svctrace.v1;
 
@@ -113,6 +114,22 @@ describe('FlowTable', () => {
     const s = t.summary();
     assert.deepEqual(s.dropsByReason, { NETFILTER_DROP: 1 });
     assert.equal(s.resets, 1);
+    // Labels that do not call an answer a drop.
+    assert.deepEqual(items.map((i) => stageLabel(i.entry.stage, i.event)), ['DROP', 'RESET', 'ICMP']);
+  });
+
+  it('counts retried drops as packets and once per flow; a connection in TIME_WAIT counts as closed', () => {
+    const t = table();
+    // Three SYNs of one connection dropped by a rule (the client retries).
+    t.ingest([ev({ tsNs: 1n }), ...[2n, 3n, 4n].map((tsNs) => ev({ tsNs, kind: EventKind.DROP, reason: 12 }))]);
+    const s = t.summary();
+    assert.deepEqual(s.dropsByReason, { NETFILTER_DROP: 3 });
+    assert.deepEqual(s.dropFlowsByReason, { NETFILTER_DROP: 1 });
+    assert.match(formatSummary(s, { recordsRead: 0, ctDestroyEvents: 0, packetsCounted: 0 } as never), /NETFILTER_DROP=3 packets in 1 flow(,|$|\n)/);
+    // Another connection ends: TIME_WAIT, its conntrack entry still there.
+    const o2 = { ...orig, sport: 40001 };
+    t.ingest([ev({ tsNs: 10n, ctId: 'ffff2', ctOrig: o2, pkt: o2, ctStatus: IPS_CONFIRMED, ctTcpState: 7 })]);
+    assert.equal(t.summary().closed, 1);
   });
 
   it('expires closed flows after the grace period', () => {
