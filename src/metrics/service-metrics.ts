@@ -111,20 +111,9 @@ export class ServiceMetrics {
       labelNames: ['service', 'backend'],
       registers,
     });
-    this.setup = new Histogram({
-      name: 'svctrace_connection_setup_seconds',
-      help: 'TCP: first packet to ESTABLISHED, from kernel timestamps.',
-      labelNames: ['service', 'backend'],
-      buckets: LATENCY_BUCKETS,
-      registers,
-    });
-    this.firstReply = new Histogram({
-      name: 'svctrace_first_reply_seconds',
-      help: 'DNAT of the first packet to the first packet back from the backend, from kernel timestamps.',
-      labelNames: ['service', 'backend'],
-      buckets: LATENCY_BUCKETS,
-      registers,
-    });
+    const latency = (name: string, help: string) => new Histogram({ name, help, labelNames: ['service', 'backend'], buckets: LATENCY_BUCKETS, registers });
+    this.setup = latency('svctrace_connection_setup_seconds', 'TCP: first packet to ESTABLISHED, from kernel timestamps.');
+    this.firstReply = latency('svctrace_first_reply_seconds', 'DNAT of the first packet to the first packet back from the backend, from kernel timestamps.');
     const expected = opts.expected ?? [];
     new Gauge({
       name: 'svctrace_backend_expected_ratio',

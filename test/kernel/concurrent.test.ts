@@ -13,6 +13,7 @@ import path from 'node:path';
 import { kernelTest, IS_ROOT, netfilterLinks } from '../helpers/kernel';
 import { waitFor } from '../helpers/flows';
 import { Lab } from '../../src/lab/lab';
+import { curlEach } from '../helpers/lab-traffic';
 
 const CLI = path.resolve(__dirname, '..', '..', '..', 'bin', 'svctrace.js');
 
@@ -74,12 +75,7 @@ describe('several svctrace processes on one namespace (kernel)', () => {
     for (const [hook, prios] of perHook) assert.equal(new Set(prios).size, prios.length, `hook ${hook}: two programs at one priority`);
 
     const N = 30;
-    const servedBefore = lab.served.length;
-    for (let i = 0; i < N; i++) {
-      const r = await lab.curl(`http://${web.clusterIP}/`);
-      assert.ok(r.ok, `curl ${i}: ${r.stderr}`);
-    }
-    assert.equal(lab.served.length - servedBefore, N);
+    await curlEach(lab, `http://${web.clusterIP}/`, N);
 
     // serve: every connection, by backend, in /metrics.
     const base = /streaming at ws:\/\/(\S+?)\/v1\/events /.exec(serve.err)![1]!;

@@ -8,6 +8,7 @@ import { after, before, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import { kernelTest, IS_ROOT, sleep } from '../helpers/kernel';
 import { FlowLog, waitFor } from '../helpers/flows';
+import { curlEach } from '../helpers/lab-traffic';
 import { Lab, LAB_ADDR, POD_HTTP_PORT, POD_UDP_PORT } from '../../src/lab/lab';
 import { runIn } from '../../src/lab/exec';
 import { Pipeline } from '../../src/pipeline/pipeline';
@@ -57,13 +58,7 @@ describe('core tracer (kernel)', () => {
   kernelTest('30 curls to a ClusterIP with 3 endpoints: 30 complete flows matching the pods\' own logs', async () => {
     const web = lab.service('web');
     const N = 30;
-    const servedBefore = lab.served.length;
-    for (let i = 0; i < N; i++) {
-      const r = await lab.curl(`http://${web.clusterIP}/`);
-      assert.ok(r.ok, `curl ${i}: ${r.stderr}`);
-    }
-    const served = lab.served.slice(servedBefore);
-    assert.equal(served.length, N);
+    const served = await curlEach(lab, `http://${web.clusterIP}/`, N);
     // TIME_WAIT is 2 s in the lab's node; then have conntrack reap and report.
     await sleep(2500);
     await lab.reapConntrack();

@@ -17,6 +17,7 @@ import path from 'node:path';
 import { kernelTest, IS_ROOT } from '../helpers/kernel';
 import { waitFor } from '../helpers/flows';
 import { Lab } from '../../src/lab/lab';
+import { curlEach } from '../helpers/lab-traffic';
 
 const ROOT = path.resolve(__dirname, '..', '..', '..');
 const CLI = path.join(ROOT, 'bin', 'svctrace.js');
@@ -107,13 +108,7 @@ describe('metrics scraped by a real Prometheus (kernel)', () => {
 
       // 30 new connections, spread by the rules over the 3 backends.
       const N = 30;
-      const servedBefore = lab.served.length;
-      for (let i = 0; i < N; i++) {
-        const r = await lab.curl(`http://${web.clusterIP}/`);
-        assert.ok(r.ok, `curl ${i}: ${r.stderr}`);
-      }
-      const served = lab.served.slice(servedBefore);
-      assert.equal(served.length, N);
+      const served = await curlEach(lab, `http://${web.clusterIP}/`, N);
       const byPod = new Map<string, number>();
       for (const s of served) {
         const ip = lab.pods.find((p) => p.name === s.pod)!.ip;
