@@ -28,6 +28,8 @@ export class FlowTable implements FlowTableView {
   /** By nf_conn address (KernelEvent.ctKey), or `pkt:` tuple key for a packet dropped before conntrack kept an entry. */
   private readonly byKey = new Map<number | string, Flow>();
   private readonly byTuple = new Map<string, Flow>();
+  /** Flows by their packets as the backend receives them (after DNAT and SNAT): traces from a pod's namespace find their flow here. */
+  private readonly byBackendTuple = new Map<string, Flow>();
   private nextId = 1;
   private readonly opts: Required<Omit<FlowTableOptions, 'netnsName' | 'dropReasons'>> & Pick<FlowTableOptions, 'netnsName'>;
   private readonly dropReasons: Record<string, string>;
@@ -36,6 +38,8 @@ export class FlowTable implements FlowTableView {
   private readonly deferred: Ingested[] = [];
   /** Rule traces that arrived before their flow's first kernel event, by tuple index key. */
   private readonly pendingTraces = new Map<string, { at: number; traces: RuleTrace[] }>();
+  /** The same, keyed as the backend receives the packet (a trace from a pod's namespace that came before its flow's DNAT). */
+  private readonly pendingBackendTraces = new Map<string, { at: number; traces: RuleTrace[] }>();
 
   constructor(opts: FlowTableOptions) {
     this.opts = {
@@ -197,7 +201,7 @@ export class FlowTable implements FlowTableView {
    * becomes one RULE_TRACE event of its flow (the first packet's only).
    */
   ingestRuleTraces(traces: RuleTrace[], nowMs = Date.now()): Ingested[] {
-    for (const [k, v] of this.pendingTraces) if (nowMs - v.at > 5000) this.pendingTraces.delete(k);
+    for (const pending of [this.pendingTraces, this.pendingBackendTraces]) for (const [k, v] of pending) if (nowMs - v.at > 5000) pending.delete(k);
     const byTrace = new Map<number, RuleTrace[]>();
     for (const t of traces) byTrace.set(t.traceId, [...(byTrace.get(t.traceId) ?? []), t]);
     const out: Ingested[] = [];
@@ -207,9 +211,19 @@ export class FlowTable implements FlowTableView {
       const key = `${first.netnsIno}|${tupleKey(first.pkt)}`;
       const f = this.byTuple.get(key);
       if (!f) {
+        // A packet traced where the backend receives it (a traced pod's
+        // namespace): only a rule that dropped it is news there.
+        const atBackend = this.byBackendTuple.get(tupleKey(first.pkt));
+        if (atBackend) {
+          const r = this.attachBackendDrop(atBackend, group);
+          if (r) out.push(r);
+          continue;
+        }
         const p = this.pendingTraces.get(key) ?? { at: nowMs, traces: [] };
         p.traces.push(...group);
         if (this.pendingTraces.size < 10_000) this.pendingTraces.set(key, p);
+        // Or it was traced where the backend receives it, before its flow's DNAT reached us.
+        if (this.pendingBackendTraces.size < 10_000) this.pendingBackendTraces.set(tupleKey(first.pkt), p);
         continue;
       }
       const r = this.attachRuleTrace(f, group);
@@ -226,6 +240,15 @@ export class FlowTable implements FlowTableView {
     if (f.rulePath.length || !path.length) return undefined;
     f.rulePath = path;
     return this.ruleEvent(f, f.lastTsNs, inferredRulePathSummary(path, why), path);
+  }
+
+  private attachBackendDrop(f: Flow, group: RuleTrace[]): Ingested | undefined {
+    if (f.backendDropRule) return undefined;
+    const by = rulePathOf(group)?.droppedBy;
+    if (!by) return undefined;
+    f.backendDropRule = by;
+    const where = this.opts.netnsName?.(group[0]!.netnsIno) ?? `netns ${group[0]!.netnsIno}`;
+    return this.ruleEvent(f, group[0]!.tsNs, `dropped or rejected where the backend receives it (${where}, nftables trace): ${by}`, []);
   }
 
   private attachRuleTrace(f: Flow, group: RuleTrace[]): Ingested | undefined {
@@ -264,6 +287,12 @@ export class FlowTable implements FlowTableView {
   private remove(f: Flow): void {
     this.byKey.delete(f.key);
     if (this.byTuple.get(f.tupleIndexKey) === f) this.byTuple.delete(f.tupleIndexKey);
+    if (f.backendOf) this.forgetBackendTuple(f, f.backendOf);
+  }
+
+  private forgetBackendTuple(f: Flow, r: Tuple): void {
+    const k = tupleKey({ saddr: r.daddr, daddr: r.saddr, sport: r.dport, dport: r.sport, proto: r.proto });
+    if (this.byBackendTuple.get(k) === f) this.byBackendTuple.delete(k);
   }
 
   private flowFor(e: KernelEvent): Flow | undefined {
@@ -365,10 +394,24 @@ export class FlowTable implements FlowTableView {
     // tuple under the same flow changed (a new entry at the same address
     // whose first events were lost), not per event.
     if (!f.dnat) {
+      if (f.backendOf) this.forgetBackendTuple(f, f.backendOf);
       f.backend = f.backendOf = undefined;
     } else {
       const was = f.backendOf;
-      if (!f.backend || !was || was.saddr !== e.ctReply.saddr || was.sport !== e.ctReply.sport) f.backend = flat(endpoint(e.ctReply.saddr, e.ctReply.sport));
+      if (!f.backend || !was || was.saddr !== e.ctReply.saddr || was.sport !== e.ctReply.sport) {
+        f.backend = flat(endpoint(e.ctReply.saddr, e.ctReply.sport));
+        // What the backend receives: the reply tuple, reversed.
+        if (was) this.forgetBackendTuple(f, was);
+        const r = e.ctReply;
+        const k = tupleKey({ saddr: r.daddr, daddr: r.saddr, sport: r.dport, dport: r.sport, proto: r.proto });
+        this.byBackendTuple.set(k, f);
+        const pending = this.pendingBackendTraces.get(k);
+        if (pending) {
+          this.pendingBackendTraces.delete(k);
+          const dropped = this.attachBackendDrop(f, pending.traces);
+          if (dropped) this.deferred.push(dropped);
+        }
+      }
       f.backendOf = e.ctReply;
       if (!wasDnat) this.summaryCounters.perBackend[f.backend] = (this.summaryCounters.perBackend[f.backend] ?? 0) + 1;
     }

@@ -56,6 +56,8 @@ export interface Flow {
   icmpErrors: string[];
   /** The kube-proxy chains the first packet went through (nftables trace), when observed. */
   rulePath: string[];
+  /** The rule that dropped or rejected the flow's packet where the backend receives it (a pod's own firewall), when traced there. */
+  backendDropRule?: string;
   /** Milestones already reported, e.g. 'dnat', 'dev:0:recv:veth2:123' (a few, shared strings: a short array is smaller than a Set). */
   seen: string[];
 }

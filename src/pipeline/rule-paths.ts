@@ -5,7 +5,7 @@
  * for iptables-legacy rules (not nftables rules, so tracing cannot see them),
  * inferred from the DNAT target and the node's rules.
  */
-import type { Discovery } from '../discovery/model';
+import { findByAddress, type Discovery } from '../discovery/model';
 import type { FlowTable } from '../flows/flow-table';
 import type { Ingested } from '../flows/types';
 import type { RuleTrace } from '../events/decode';
@@ -53,12 +53,13 @@ export class RulePaths {
     private readonly table: FlowTable,
     private readonly inferFrom: Discovery | undefined,
     private marker: RuleMarker | undefined,
+    private readonly discovery: Discovery,
   ) {}
 
   /** How rule paths will be found here; nothing is installed until `observe`. */
   static plan(opts: RulePathOptions): RulePaths {
     const inferFrom = opts.enabled && opts.discovery.backend === 'legacy' ? opts.discovery : undefined;
-    return new RulePaths(opts.table, inferFrom, opts.enabled && !inferFrom ? new RuleMarker() : undefined);
+    return new RulePaths(opts.table, inferFrom, opts.enabled && !inferFrom ? new RuleMarker() : undefined, opts.discovery);
   }
 
   /**
@@ -70,16 +71,35 @@ export class RulePaths {
     const marker = this.marker;
     if (!marker) return;
     try {
-      for (const a of attached) {
+      // The node's namespace sees connections to the Service addresses; a
+      // traced pod's namespace sees them arrive at the backends, after DNAT:
+      // there the backends' addresses are marked (a drop in the pod's own
+      // firewall is then named too).
+      const backends = this.backendTargets(services);
+      attached.forEach((a, i) => {
+        const targets = i === 0 ? services : backends;
+        if (!targets.length) return;
         tracer.traceRules(a.path, (traces: RuleTrace[]) => onTraced(this.table.ingestRuleTraces(traces)));
-        marker.install(a.path, services);
-      }
+        marker.install(a.path, targets);
+      });
       installMarkerCleanup(marker);
     } catch (e) {
       marker.removeAll();
       this.marker = undefined;
       onWarning(`rule paths will not be shown: nftables tracing unavailable (${e instanceof Error ? e.message.split('\n')[0] : String(e)})`);
     }
+  }
+
+  /** The endpoints (ip:port) of the traced Services, as the node's rules list them. */
+  private backendTargets(services: ServiceSpec[]): ServiceSpec[] {
+    const out: ServiceSpec[] = [];
+    for (const spec of services) {
+      const svc = spec.address ? findByAddress(this.discovery, spec.address, spec.port, spec.proto) : this.discovery.services.find((x) => x.nodePorts.includes(spec.port) && x.proto === spec.proto);
+      for (const ep of svc?.endpoints ?? []) {
+        if (!out.some((o) => o.address === ep.ip && o.port === ep.port && o.proto === spec.proto)) out.push({ ...spec, address: ep.ip, port: ep.port, text: `${ep.ip}:${ep.port}/${spec.proto}` });
+      }
+    }
+    return out;
   }
 
   /** Inferred rule-path events for the flows among `items` that just got their DNAT target (iptables-legacy only). */

@@ -133,4 +133,27 @@ describe('svctrace trace CLI (kernel)', () => {
       if (!deleted) execFileSync('ip', ['netns', 'del', ns], { stdio: 'ignore' });
     }
   });
+
+  // Last in this file: it leaves pod1 filtering its port.
+  kernelTest('tracing a pod namespace with the node: its drops are kept and name the pod firewall rule that dropped them', async () => {
+    const pod1 = lab.pods[1]!;
+    await lab.filterPort(pod1.name, 8080);
+    const t = startTrace(['--netns', lab.nodeNetns, '--netns', pod1.netns, '--service', '10.96.0.100:80', '-o', 'json']);
+    assert.ok(await waitFor(() => t.err().includes('Ctrl-C to stop'), 10_000), t.err());
+    // Until a connection lands on pod1 (a third of them).
+    for (let i = 0; i < 15 && !t.out().includes(`"${pod1.netns}"`); i++) await lab.curl('http://10.96.0.100/', 'node', ['--max-time', '1']);
+    await sleep(500);
+    t.child.kill('SIGINT');
+    assert.equal(await t.exited, 0, t.err());
+    const events = t
+      .out()
+      .split('\n')
+      .filter(Boolean)
+      .map((l) => JSON.parse(l) as { kind?: string; flowId?: string; summary?: string; dropReasonName?: string; device?: { netns?: string } });
+    const drop = events.find((e) => e.kind === 'EVENT_KIND_DROP' && e.dropReasonName === 'NETFILTER_DROP' && e.device?.netns === pod1.netns);
+    assert.ok(drop, 'the drop in the pod is kept');
+    const named = events.find((e) => e.kind === 'EVENT_KIND_RULE_TRACE' && e.flowId === drop.flowId && /where the backend receives it .*table filter chain INPUT rule handle \d+/.test(e.summary ?? ''));
+    assert.ok(named, events.filter((e) => e.kind === 'EVENT_KIND_RULE_TRACE').map((e) => e.summary).join(' | '));
+    assert.match(t.err(), /NETFILTER_DROP=\d+ packets in \d+ flow/);
+  });
 });
