@@ -59,6 +59,10 @@ export interface ObservedBackend {
   /** Packets carried by the busiest flow (connection reuse shows as a few flows with many requests). */
   maxPacketsPerFlow: number;
   clients: Set<string>;
+  /** Unanswered flows with a kernel drop, by drop reason (the evidence of where they stopped). */
+  droppedBy?: Map<string, number>;
+  /** Rules that dropped them where the backend receives them (nftables trace in a traced pod namespace). */
+  dropRules?: Set<string>;
 }
 
 export interface ObservedTraffic {
@@ -213,7 +217,20 @@ export function diagnoseTraffic(svc: DiscoveredService, t: ObservedTraffic): Dia
     }
     const unanswered = b.flows - b.answered - b.resets;
     if (unanswered > 0 && b.flows > 0) {
-      out.push({ code: 'REPLY_PATH_BROKEN', severity: 'error', summary: `${unanswered} of ${b.flows} connections to ${b.backend} got no reply (conntrack never reached SEEN_REPLY): the backend is gone, filtered, or its replies take another path`, evidence: [`${unanswered} flows without SEEN_REPLY`] });
+      const drops = [...(b.droppedBy ?? new Map<string, number>())];
+      if (drops.length) {
+        // The kernel said where they stopped: cite it, not three guesses.
+        const rules = [...(b.dropRules ?? [])];
+        out.push({
+          code: 'BACKEND_FILTERED',
+          severity: 'error',
+          layer: 'pod-firewall',
+          summary: `${unanswered} of ${b.flows} connections to ${b.backend} got no reply: the kernel dropped their packets (${drops.map(([r, n]) => `${r} in ${n}`).join(', ')})${rules.length ? `, by ${rules.join('; ')}` : ''}`,
+          evidence: [`${unanswered} flows without SEEN_REPLY`, ...drops.map(([r, n]) => `${n} of them dropped with reason ${r} (trace the Service to see where)`), ...rules.map((r) => `dropped where the backend receives it by ${r}`)],
+        });
+      } else {
+        out.push({ code: 'REPLY_PATH_BROKEN', severity: 'error', layer: 'routing', summary: `${unanswered} of ${b.flows} connections to ${b.backend} got no reply (conntrack never reached SEEN_REPLY) and no drop was seen: the backend is gone, or its replies take another path`, evidence: [`${unanswered} flows without SEEN_REPLY, none dropped on this node's traced path`] });
+      }
     }
   }
   const withEndpoints = svc.endpoints.filter((e) => e.probability > 0);
@@ -264,6 +281,11 @@ export function observeFlows(svc: DiscoveredService, flows: Flow[], seconds: num
     b.flows++;
     if (f.reset) b.resets++;
     else if (f.status & IPS_SEEN_REPLY) b.answered++;
+    else if (f.drops.length) {
+      b.droppedBy ??= new Map();
+      for (const r of new Set(f.drops)) b.droppedBy.set(r, (b.droppedBy.get(r) ?? 0) + 1);
+      if (f.backendDropRule) (b.dropRules ??= new Set()).add(f.backendDropRule);
+    }
     b.maxPacketsPerFlow = Math.max(b.maxPacketsPerFlow, f.packets[0] + f.packets[1]);
     b.clients.add(f.orig.saddr);
   }

@@ -186,15 +186,18 @@ describe('diagnoses of faults created in the lab (kernel)', () => {
     await lab.setMasquerade(true);
   });
 
-  kernelTest('reply path broken: a pod that receives but never answers', async () => {
+  kernelTest('a pod that receives but drops its own replies: the drop is cited', async () => {
     await lab.blockReplies('pod1');
     const w = explain({ target: 'default/web', netns: lab.nodeNetns, watchSeconds: 4 });
     await sleep(700);
     await Promise.all(Array.from({ length: 9 }, () => lab.curl('http://10.96.0.100/', 'node', ['--max-time', '1'])));
     const e = await w;
-    const broken = e[0]!.diagnoses.find((d) => d.code === 'REPLY_PATH_BROKEN');
+    // The kernel saw the pod drop its own replies: the diagnosis cites that drop, not three guesses.
+    const broken = e[0]!.diagnoses.find((d) => d.code === 'BACKEND_FILTERED');
     assert.ok(broken, JSON.stringify(e[0]!.diagnoses));
-    assert.match(broken.summary, /10\.244\.1\.11:8080/);
+    assert.match(broken.summary, /connections to 10\.244\.1\.11:8080 got no reply: the kernel dropped their packets \(NETFILTER_DROP in \d+\)/);
+    assert.equal(broken.layer, 'pod-firewall');
+    assert.ok(!e[0]!.diagnoses.some((d) => d.code === 'REPLY_PATH_BROKEN'), 'no guess where the kernel told');
   });
 
   kernelTest('conntrack pressure: the node namespace\'s table near nf_conntrack_max', async () => {

@@ -84,6 +84,17 @@ describe('iptables-save discovery', () => {
     assert.ok(diagnoseTraffic(web, refused).some((x) => x.code === 'RULES_MISSING'));
   });
 
+  it('unanswered connections: the drop the kernel saw is cited (pod firewall); without one, a broken reply path', () => {
+    const web = findByName(d, 'default/web:http')[0]!;
+    const backend = (over: object) => ({ backend: '10.244.1.11:8080', flows: 4, answered: 0, resets: 0, maxPacketsPerFlow: 3, clients: new Set(['10.250.0.2']), ...over });
+    const dropped = diagnoseTraffic(web, { seconds: 5, flows: 4, notDnated: 0, masqueraded: 0, backends: [backend({ droppedBy: new Map([['NETFILTER_DROP', 4]]), dropRules: new Set(['table filter chain INPUT rule handle 2']) })] });
+    const f = dropped.find((x) => x.code === 'BACKEND_FILTERED')!;
+    assert.match(f.summary, /4 of 4 connections to 10\.244\.1\.11:8080 got no reply: the kernel dropped their packets \(NETFILTER_DROP in 4\), by table filter chain INPUT rule handle 2/);
+    assert.ok(!dropped.some((x) => x.code === 'REPLY_PATH_BROKEN'));
+    const silent = diagnoseTraffic(web, { seconds: 5, flows: 4, notDnated: 0, masqueraded: 0, backends: [backend({})] });
+    assert.ok(silent.some((x) => x.code === 'REPLY_PATH_BROKEN' && /no drop was seen/.test(x.summary)));
+  });
+
   it('lists a NodePort once when kube-proxy writes it in several KUBE-NODEPORTS rules', () => {
     const nodeport = save.split('\n').find((l) => l.startsWith('-A KUBE-NODEPORTS '))!;
     const twice = save.replace(nodeport, `${nodeport}\n${nodeport.replace('-A KUBE-NODEPORTS ', '-A KUBE-NODEPORTS -d 127.0.0.0/8 ')}`);
