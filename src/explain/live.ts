@@ -15,12 +15,13 @@ export interface LiveDiagnosis extends Diagnosis {
 }
 
 const REPEAT_AFTER_MS = 60_000;
+const UPDATE_AFTER_MS = 15_000;
 /** A flow is judged this long after it started: time to be answered, reset or refused. */
 const GRACE_NS = 2_000_000_000n;
 const MAX_PENDING = 20_000;
 
 export class LiveDiagnoser {
-  private readonly lastSaid = new Map<string, number>();
+  private readonly lastSaid = new Map<string, { at: number; summary: string }>();
   private readonly timer: NodeJS.Timeout;
   private pending = new Set<Flow>();
   /** The rules' diagnoses: in effect for the whole run. */
@@ -46,13 +47,19 @@ export class LiveDiagnoser {
     return { ...d, service: serviceLabel(parseServiceSpec(`${s.clusterIP}:${s.port}/${s.proto}`)) };
   }
 
+  /**
+   * Reports what is new: a diagnosis not said before, one whose numbers
+   * changed (at most every UPDATE_AFTER_MS: "1 of 1" becomes "8 of 12" as
+   * evidence accumulates), and one still true after REPEAT_AFTER_MS.
+   */
   private emit(ds: LiveDiagnosis[]): void {
     const now = Date.now();
     const fresh = ds.filter((d) => {
       const key = `${d.service}|${d.code}|${d.summary.replace(/\d+/g, '#')}`;
       const last = this.lastSaid.get(key);
-      if (last !== undefined && now - last < REPEAT_AFTER_MS) return false;
-      this.lastSaid.set(key, now);
+      const changed = last !== undefined && last.summary !== d.summary && now - last.at >= UPDATE_AFTER_MS;
+      if (last !== undefined && !changed && now - last.at < REPEAT_AFTER_MS) return false;
+      this.lastSaid.set(key, { at: now, summary: d.summary });
       return true;
     });
     if (fresh.length) this.report(fresh);

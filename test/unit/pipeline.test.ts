@@ -1,5 +1,6 @@
 import { describe, it } from 'node:test';
 import { staleMarkerTables } from '../../src/pipeline/rule-marker';
+import { LiveDiagnoser } from '../../src/explain/live';
 import assert from 'node:assert/strict';
 import { SinkSet, Sink } from '../../src/pipeline/sink';
 import { waitForStop } from '../../src/pipeline/lifecycle';
@@ -93,5 +94,24 @@ describe('marker tables left by dead svctrace processes', () => {
     });
     assert.deepEqual(staleMarkerTables(listed, (pid) => pid === 222), ['svctrace_111']);
     assert.deepEqual(staleMarkerTables('not json', () => false), []);
+  });
+});
+
+describe('live diagnoses as evidence accumulates', () => {
+  it('a diagnosis is said at once, again when its numbers change (at most every 15 s), and again after a minute', (t) => {
+    t.mock.timers.enable({ apis: ['Date', 'setInterval'], now: 1_000_000 });
+    const said: string[] = [];
+    const live = new LiveDiagnoser([], (ds) => said.push(...ds.map((d) => d.summary)), 5000);
+    const emit = (summary: string) => (live as unknown as { emit(ds: object[]): void }).emit([{ code: 'REPLY_PATH_BROKEN', severity: 'error', service: 's', summary, evidence: [] }]);
+    emit('1 of 1 connections got no reply');
+    emit('2 of 3 connections got no reply');
+    t.mock.timers.tick(16_000);
+    emit('5 of 9 connections got no reply');
+    t.mock.timers.tick(20_000);
+    emit('5 of 9 connections got no reply');
+    t.mock.timers.tick(45_000);
+    emit('5 of 9 connections got no reply');
+    live.stop();
+    assert.deepEqual(said, ['1 of 1 connections got no reply', '5 of 9 connections got no reply', '5 of 9 connections got no reply']);
   });
 });
