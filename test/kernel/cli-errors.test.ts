@@ -38,7 +38,7 @@ describe('CLI errors', () => {
   });
 
   it('bad output format and duration', () => {
-    assertOneLineError(svctrace(['trace', '--service', '10.96.0.1:80', '-o', 'xml']), /--output must be text or json/);
+    assertOneLineError(svctrace(['trace', '--service', '10.96.0.1:80', '-o', 'xml']), /--output must be text, flows or json/);
     assertOneLineError(svctrace(['trace', '--service', '10.96.0.1:80', '--duration', '-3']), /--duration/);
   });
 

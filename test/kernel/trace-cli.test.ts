@@ -156,4 +156,19 @@ describe('svctrace trace CLI (kernel)', () => {
     assert.ok(named, events.filter((e) => e.kind === 'EVENT_KIND_RULE_TRACE').map((e) => e.summary).join(' | '));
     assert.match(t.err(), /NETFILTER_DROP=\d+ packets in \d+ flow/);
   });
+
+  kernelTest('-o flows --drops-only: one line per failed flow, for busy Services', async () => {
+    // pod1 still filters its port (the test before).
+    const pod1 = lab.pods[1]!;
+    const t = startTrace(['--netns', lab.nodeNetns, '--service', '10.96.0.100:80', '-o', 'flows', '--drops-only']);
+    assert.ok(await waitFor(() => t.err().includes('Ctrl-C to stop'), 10_000), t.err());
+    for (let i = 0; i < 9; i++) await lab.curl('http://10.96.0.100/', 'node', ['--max-time', '1']);
+    await sleep(300);
+    t.child.kill('SIGINT');
+    assert.equal(await t.exited, 0, t.err());
+    const lines = t.out().split('\n').filter(Boolean);
+    assert.ok(lines.length >= 1, `some connections landed on ${pod1.ip}: ${t.err()}`);
+    for (const l of lines) assert.match(l, new RegExp(`^flow \\d+ tcp \\S+ -> 10\\.96\\.0\\.100:80 \\(service 10\\.96\\.0\\.100:80/tcp\\): backend ${pod1.ip.replace(/\./g, '\\.')}:8080.*dropped NETFILTER_DROP`));
+    assert.match(t.err(), /summary: 9 flows/, 'the summary still counts every flow');
+  });
 });

@@ -8,7 +8,7 @@ import { parseServiceSpec } from '../../src/net/ipv4';
 import { svctrace } from '../../src/gen/svctrace';
 import { ctKeyOf, ev, orig } from '../helpers/kernel-events';
 import { eventSummary } from '../../src/output/event-summary';
-import { formatSummary, stageLabel } from '../../src/output/flow-text';
+import { flowFailed, flowLine, formatSummary, stageLabel } from '../../src/output/flow-text';
 
 import pb = svctrace.v1;
 
@@ -154,5 +154,20 @@ describe('FlowTable', () => {
     const [i] = t.ingest([ev({ tsNs: 2n, nfStage: NfStage.AFTER_NAT, nfPriority: -99, ctStatus: IPS_DST_NAT | IPS_CONFIRMED, ctReply: other })]);
     assert.equal(i!.flow, first[0]!.flow);
     assert.equal(i!.event.backend, '10.244.2.7:8080');
+  });
+
+  it('one line per flow (trace -o flows): where it went and how it ended', () => {
+    const t = table();
+    t.ingest([
+      ev({ tsNs: 1_000_000n }),
+      ev({ tsNs: 1_010_000n, nfStage: NfStage.AFTER_NAT, nfPriority: -99, pkt: dnated, ctStatus: IPS_DST_NAT }),
+      ev({ tsNs: 2_400_000n, kind: EventKind.DROP, reason: 12 }),
+    ]);
+    const f = t.flows()[0]!;
+    assert.equal(flowFailed(f), true);
+    assert.equal(
+      flowLine(f, (ip) => (ip === '10.244.1.12' ? 'pod-b' : undefined)),
+      'flow 1 tcp 10.244.1.1:40000 -> 10.96.0.100:80 (service 10.96.0.100:80/tcp): backend 10.244.1.12:8080 (pod-b), 1.4ms, 0 pkts/0 B out, 0 pkts/0 B back, syn_sent, dropped NETFILTER_DROP',
+    );
   });
 });

@@ -2,7 +2,7 @@ import { Command } from 'commander';
 import { formatSummary } from '../../output/flow-text';
 import { waitForStop } from '../../pipeline/lifecycle';
 import { Pipeline } from '../../pipeline/pipeline';
-import { textTimelineSink } from '../../pipeline/sinks/text';
+import { flowLinesSink, textTimelineSink } from '../../pipeline/sinks/text';
 import { jsonLinesSink } from '../../pipeline/sinks/json';
 import { liveDiagnoserSink, tracedServicesInRules } from '../../pipeline/sinks/diagnoser';
 import { SvctraceError } from '../../errors';
@@ -16,20 +16,24 @@ function useColor(): boolean {
 export function registerTrace(program: Command): void {
   addSelectionOptions(program.command('trace').description('trace flows to ClusterIPs/NodePorts live: DNAT, SNAT, conntrack, route, veth, drops, reply'))
     .option('--duration <seconds>', 'stop after this many seconds (default: until Ctrl-C)')
-    .option('-o, --output <format>', 'text (a timeline per flow) or json (one svctrace.v1.Event per line)', 'text')
+    .option('-o, --output <format>', 'text (a timeline per flow), flows (one line per flow as it ends: for busy Services) or json (one svctrace.v1.Event per line)', 'text')
+    .option('--drops-only', 'show only failures: drops, resets, ICMP errors (text, json), or the flows that had one (flows)')
     .option('--snaplen <bytes>', `capture this many bytes of each packet into json output (0-${MAX_SNAPLEN})`, '0')
-    .action(async (opts: SelectionOptions & { duration?: string; output: string; snaplen: string }) => {
+    .action(async (opts: SelectionOptions & { duration?: string; output: string; snaplen: string; dropsOnly?: boolean }) => {
       const snaplen = Number(opts.snaplen);
       if (!Number.isInteger(snaplen) || snaplen < 0 || snaplen > MAX_SNAPLEN) throw new SvctraceError('BAD_INPUT', `--snaplen must be 0..${MAX_SNAPLEN}`);
-      if (opts.output !== 'text' && opts.output !== 'json') throw new SvctraceError('BAD_INPUT', `--output must be text or json, not '${opts.output}'`);
+      if (!['text', 'json', 'flows'].includes(opts.output)) throw new SvctraceError('BAD_INPUT', `--output must be text, flows or json, not '${opts.output}'`);
+      const dropsOnly = !!opts.dropsOnly;
       const services = await servicesFrom(opts);
       const duration = parseDuration(opts.duration);
       const write = (s: string) => process.stdout.write(s);
       const pipeline = await Pipeline.start({ ...selectionOf(opts, services), snaplen }, (ctx) =>
         opts.output === 'json'
-          ? [jsonLinesSink(write)]
+          ? [jsonLinesSink(write, dropsOnly)]
+          : opts.output === 'flows'
+            ? [flowLinesSink(write, ctx.flows, ctx.backendName, dropsOnly)]
           : [
-              textTimelineSink(write, useColor(), ctx.backendName),
+              textTimelineSink(write, useColor(), ctx.backendName, dropsOnly),
               // Classic failures seen live, next to the timelines (needs the rules of the services).
               liveDiagnoserSink(tracedServicesInRules(services, ctx.discovery), ctx.discovery.masqueradeRule, (ds) =>
                 write(ds.map((x) => `[diagnosis] [${x.severity.toUpperCase()}] ${x.code} ${x.service}: ${x.summary}\n`).join('')),

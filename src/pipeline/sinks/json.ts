@@ -1,12 +1,15 @@
 /** JSON lines (`trace -o json`): every event as one proto3-JSON svctrace.v1.Event per line. */
 import { eventToJson } from '../../flows/to-proto';
+import { isFailureEvent } from '../../output/flow-text';
 import type { Sink } from '../sink';
 
-export function jsonLinesSink(write: (s: string) => void): Sink {
+/** `dropsOnly`: only the failure events (drops, resets, ICMP errors). */
+export function jsonLinesSink(write: (s: string) => void, dropsOnly = false): Sink {
   return {
     name: 'json',
     write: (items) => {
-      if (items.length) write(items.map((i) => eventToJson(i.event)).join('\n') + '\n');
+      const shown = dropsOnly ? items.filter((i) => isFailureEvent(i.event)) : items;
+      if (shown.length) write(shown.map((i) => eventToJson(i.event)).join('\n') + '\n');
     },
   };
 }

@@ -1,8 +1,22 @@
 /** The text timeline (`trace`, the demo): one line per milestone of each flow. */
-import { FlowTextPrinter } from '../../output/flow-text';
+import { flowFailed, flowLine, FlowTextPrinter, isFailureEvent } from '../../output/flow-text';
+import type { FlowTableView } from '../../flows/types';
 import type { Sink } from '../sink';
 
-export function textTimelineSink(write: (s: string) => void, color: boolean, backendName: (addr: string) => string | undefined): Sink {
+/** `dropsOnly`: only the failures (drops, resets, ICMP errors), each under its flow's header. */
+export function textTimelineSink(write: (s: string) => void, color: boolean, backendName: (addr: string) => string | undefined, dropsOnly = false): Sink {
   const printer = new FlowTextPrinter(write, color, backendName);
-  return { name: 'text', write: (items) => printer.print(items) };
+  return { name: 'text', write: (items) => printer.print(dropsOnly ? items.filter((i) => isFailureEvent(i.event)) : items) };
+}
+
+/**
+ * `trace -o flows`: one line per flow when it ends (and, at the end of the
+ * trace, for those still open), for Services too busy for timelines.
+ */
+export function flowLinesSink(write: (s: string) => void, flows: FlowTableView, backendName: (addr: string) => string | undefined, dropsOnly = false): Sink {
+  const lines = (fs: ReturnType<FlowTableView['flows']>) => {
+    const out = fs.filter((f) => !dropsOnly || flowFailed(f)).map((f) => flowLine(f, backendName));
+    if (out.length) write(out.join('\n') + '\n');
+  };
+  return { name: 'flows', write: () => undefined, expired: lines, close: () => lines(flows.flows()) };
 }
