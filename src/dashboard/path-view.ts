@@ -5,7 +5,7 @@
  */
 import { svctrace } from '../gen/svctrace';
 import { FlowView } from './store';
-import { eventSummary } from '../output/event-summary';
+import { eventSummary, stageLabel } from '../output/event-summary';
 
 import pb = svctrace.v1;
 
@@ -53,6 +53,7 @@ export function hops(f: FlowView): Hop[] {
       title = 'reply un-DNAT';
       detail = tuple(e.packet);
     }
+    if (stage === 'drop') title = stageLabel(e.stage ?? 0, e); // DROP, RESET or ICMP: an answer is not a drop
     if (e.benignDrop) title = 'freed';
     out.push({ stage, title, detail, deltaMs, drop: stage === 'drop' && !e.benignDrop });
   }

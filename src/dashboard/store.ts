@@ -198,11 +198,17 @@ export class Store {
     return this.hello?.rules?.find((x) => x.service === service)?.affinitySeconds ?? 0;
   }
 
-  /** Flows of a service to a backend that are still open (long-lived connections). */
+  /**
+   * Flows of a service to a backend that are open (long-lived connections):
+   * established TCP (UDP: not ended), never one that failed (reset, dropped)
+   * or that the backend never answered (SYN_SENT).
+   */
   openFlows(service: string, backend: string): number {
     let n = 0;
     for (const f of this.flows.values()) {
-      if (f.service === service && f.backend === backend && !f.closed && f.state !== 'TIME_WAIT' && f.state !== 'CLOSE') n++;
+      if (f.service !== service || f.backend !== backend || f.closed || f.reset || f.drops.length) continue;
+      if (f.state && f.state !== 'ESTABLISHED') continue;
+      n++;
     }
     return n;
   }

@@ -134,3 +134,34 @@ function tcpStateNote(e: pb.IEvent): string {
   const c = e.conntrack;
   return c?.tcpStateBefore ? ` (conntrack TCP ${c.tcpStateBefore} -> ${c.tcpState ?? ''})` : '';
 }
+
+const STAGE_LABEL: Record<number, string> = {
+  [pb.Stage.STAGE_ARRIVE]: 'arrive',
+  [pb.Stage.STAGE_MATCH]: 'match',
+  [pb.Stage.STAGE_DNAT]: 'dnat',
+  [pb.Stage.STAGE_SNAT]: 'snat',
+  [pb.Stage.STAGE_ROUTE]: 'route',
+  [pb.Stage.STAGE_DEVICE]: 'device',
+  [pb.Stage.STAGE_REPLY]: 'reply',
+  [pb.Stage.STAGE_DROP]: 'DROP',
+  [pb.Stage.STAGE_CLOSE]: 'close',
+};
+
+/**
+ * A timeline line's label. The drop stage holds three different things: a
+ * packet the kernel dropped (DROP), a TCP reset (RESET: refused or aborted,
+ * an answer), and an ICMP error about the flow (ICMP: e.g. port unreachable
+ * from a REJECT rule).
+ */
+export function stageLabel(stage: number, ev: pb.IEvent): string {
+  if (stage === pb.Stage.STAGE_DROP && ev.kind !== pb.EventKind.EVENT_KIND_DROP) {
+    if (/\bRST\b/.test(ev.tcpFlags ?? '')) return 'RESET';
+    if (ev.icmpType) return 'ICMP';
+  }
+  return STAGE_LABEL[stage] ?? '?';
+}
+
+/** A failure of the flow: a kernel drop (not a normal end of a packet's life), a TCP reset, an ICMP error. */
+export function isFailureEvent(ev: pb.IEvent): boolean {
+  return ev.stage === pb.Stage.STAGE_DROP && !ev.benignDrop;
+}

@@ -1,0 +1,42 @@
+/** The dashboard's pure state (no browser): what counts as an open flow, and how failures are labelled on a flow's path. */
+import { describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { Store } from '../../src/dashboard/store';
+import { hops } from '../../src/dashboard/path-view';
+import { svctrace } from '../../src/gen/svctrace';
+
+import pb = svctrace.v1;
+
+const SVC = '10.96.0.100:80/tcp';
+const B = '10.244.1.11:8080';
+
+function ev(flowId: number, over: Partial<pb.IEvent>): pb.IEvent {
+  return { flowId, service: SVC, backend: B, tsNs: 1_000 + flowId, kind: pb.EventKind.EVENT_KIND_NETFILTER, stage: pb.Stage.STAGE_DNAT, ...over };
+}
+
+describe('dashboard store', () => {
+  it('open flows are established ones: never a failed or unanswered one', () => {
+    const s = new Store();
+    s.addEvents([
+      ev(1, { conntrack: { tcpState: 'ESTABLISHED' } }),
+      ev(2, { conntrack: { tcpState: 'SYN_SENT' } }), // never answered
+      ev(3, { conntrack: { tcpState: 'ESTABLISHED' }, tcpFlags: 'RST|ACK', stage: pb.Stage.STAGE_DROP }), // reset
+      ev(4, { conntrack: { tcpState: 'SYN_SENT' } }),
+      ev(4, { kind: pb.EventKind.EVENT_KIND_DROP, stage: pb.Stage.STAGE_DROP, dropReasonName: 'NETFILTER_DROP' }),
+      ev(5, { conntrack: { tcpState: 'TIME_WAIT' } }),
+    ]);
+    assert.equal(s.openFlows(SVC, B), 1);
+  });
+
+  it('on a flow\'s path, a reset and an ICMP error are labelled as such, a kernel drop as DROP', () => {
+    const s = new Store();
+    s.addEvents([
+      ev(1, { tsNs: 1, stage: pb.Stage.STAGE_MATCH }),
+      ev(1, { tsNs: 2, stage: pb.Stage.STAGE_DROP, tcpFlags: 'RST|ACK', direction: pb.Direction.DIRECTION_REPLY }),
+      ev(1, { tsNs: 3, stage: pb.Stage.STAGE_DROP, icmpType: 3, icmpCode: 3, direction: pb.Direction.DIRECTION_REPLY, packet: { src: '10.244.1.1', dst: '10.244.1.1', protocol: 1 as pb.Protocol } }),
+      ev(1, { tsNs: 4, stage: pb.Stage.STAGE_DROP, kind: pb.EventKind.EVENT_KIND_DROP, dropReasonName: 'NETFILTER_DROP' }),
+    ]);
+    const titles = hops([...s.flows.values()][0]!).filter((h) => h.stage === 'drop').map((h) => h.title);
+    assert.deepEqual(titles, ['RESET', 'ICMP', 'DROP']);
+  });
+});
