@@ -118,8 +118,13 @@ export class FlowTable implements FlowTableView {
   private applyStats(r: FlowStatsRecord): Ingested | undefined {
     const key = r.ctKey;
     let f = this.byKey.get(key);
-    // Counters of an earlier entry at a reused address never touch a newer flow.
-    if (f && !sameTuple(f.orig, r.orig)) return undefined;
+    // Counters of an earlier entry at a reused address never touch a newer
+    // flow: they go to the earlier one (retired, found by its tuple), if kept.
+    if (f && !sameTuple(f.orig, r.orig)) {
+      const earlier = this.byTuple.get(`${r.netnsIno}|${tupleKey(r.orig)}`);
+      if (!earlier || earlier === f) return undefined;
+      f = earlier;
+    }
     if (!f) {
       if (r.reason === StatsReason.REUSED || r.reason === StatsReason.EXPIRED) return undefined; // long gone from the table
       f = this.newFlow(key, { netnsIno: r.netnsIno, serviceId: r.serviceId, tsNs: r.firstNs, kind: EventKind.NF, ctReply: r.orig, ctId: r.ctId }, r.orig);
@@ -284,6 +289,24 @@ export class FlowTable implements FlowTableView {
     }
   }
 
+  /**
+   * A new conntrack entry took the address of this flow's: its connection
+   * is over (a refused one is destroyed at once, and the next takes its
+   * place within microseconds). It stays in the table under a key of its
+   * own and ends like any flow (expiry, sinks' `expired`), instead of
+   * vanishing: `explain --watch` and the metrics count it.
+   */
+  private retire(f: Flow, tsNs: bigint): void {
+    this.byKey.delete(f.key);
+    f.key = `reused:${f.id}`;
+    this.byKey.set(f.key, f);
+    if (!f.closed) {
+      f.closed = true;
+      f.closedTsNs = tsNs;
+      this.summaryCounters.closed++;
+    }
+  }
+
   private remove(f: Flow): void {
     this.byKey.delete(f.key);
     if (this.byTuple.get(f.tupleIndexKey) === f) this.byTuple.delete(f.tupleIndexKey);
@@ -311,7 +334,7 @@ export class FlowTable implements FlowTableView {
       // which may overtake a ring buffer that is seconds behind in a storm.
       const reused = f?.closed && isNewEntry && (f.closedTsNs === undefined || e.tsNs > f.closedTsNs);
       if (f && sameEntry && !reused) return f;
-      if (f) this.remove(f); // the address was reused by a new entry
+      if (f) this.retire(f, e.tsNs); // the address was reused by a new entry
       if (e.kind !== EventKind.NF && e.kind !== EventKind.DROP) return undefined; // nothing to anchor a new flow on
       return this.newFlow(key, e, e.ctOrig.proto ? e.ctOrig : e.pkt);
     }

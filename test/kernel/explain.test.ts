@@ -280,3 +280,28 @@ describe('three incidents told apart by explain --probe alone (kernel)', () => {
     assert.match(r.stdout, /TCP connect TIMEOUT/);
   });
 });
+
+describe('explain --watch counts refused connections (kernel)', () => {
+  let lab: Lab;
+  before(async () => {
+    if (IS_ROOT) lab = await Lab.up();
+  });
+  after(async () => {
+    await lab?.down();
+  });
+
+  kernelTest('every connection a backend refused is counted, though the next connection takes its conntrack entry\'s address', async () => {
+    const pod1 = lab.pods[1]!;
+    await lab.filterPort(pod1.name, 8080, 'REJECT');
+    const w = explain({ target: 'default/web', netns: lab.nodeNetns, watchSeconds: 8 });
+    await sleep(800);
+    let refused = 0;
+    for (let i = 0; i < 20; i++) if (!(await lab.curl('http://10.96.0.100/', 'node', ['--max-time', '1'])).ok) refused++;
+    const e = await w;
+    assert.ok(refused > 0, 'some connections went to the refusing pod');
+    const nl = e[0]!.diagnoses.find((d) => d.code === 'BACKEND_NOT_LISTENING');
+    assert.ok(nl, JSON.stringify(e[0]!.diagnoses));
+    assert.match(nl.summary, new RegExp(`${pod1.ip.replace(/\./g, '\\.')}:8080 answered ${refused} connection\\(s\\) with a TCP RST`));
+    assert.equal(e[0]!.observed!.flows, 20, 'every connection is a flow');
+  });
+});

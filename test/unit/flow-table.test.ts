@@ -170,4 +170,28 @@ describe('FlowTable', () => {
       'flow 1 tcp 10.244.1.1:40000 -> 10.96.0.100:80 (service 10.96.0.100:80/tcp): backend 10.244.1.12:8080 (pod-b), 1.4ms, 0 pkts/0 B out, 0 pkts/0 B back, syn_sent, dropped NETFILTER_DROP',
     );
   });
+
+  it('a refused connection whose conntrack address the next one takes at once stays a flow of its own, with its final counters', () => {
+    const t = table();
+    const a = { ...orig, sport: 41000 };
+    const b = { ...orig, sport: 41001 };
+    // A: SYN, DNAT, the backend's RST; its entry dies and B's takes the same address (ffff7) before A's destroy arrives.
+    t.ingest([
+      ev({ tsNs: 100n, ctId: 'ffff7', ctOrig: a, pkt: a }),
+      ev({ tsNs: 110n, ctId: 'ffff7', ctOrig: a, pkt: a, nfStage: NfStage.AFTER_NAT, nfPriority: -99, ctStatus: IPS_DST_NAT }),
+      ev({ tsNs: 120n, ctId: 'ffff7', ctOrig: a, dir: Dir.REPLY, tcpFlags: 0x14, nfHook: 0, ctStatus: IPS_DST_NAT | IPS_CONFIRMED | IPS_SEEN_REPLY }),
+      ev({ tsNs: 200n, ctId: 'ffff7', ctOrig: b, pkt: b }),
+    ]);
+    assert.equal(t.summary().flows, 2);
+    const [fa, fb] = t.flows().sort((x, y) => x.id - y.id);
+    assert.equal(fa!.orig.sport, 41000);
+    assert.equal(fa!.reset, true);
+    assert.equal(fa!.closed, true, 'the reused address ended A');
+    assert.equal(fb!.orig.sport, 41001);
+    assert.equal(fb!.closed, false);
+    // The kernel's final counters of A (reason REUSED) still reach A.
+    t.ingest([], [stats({ ctId: 'ffff7', orig: a, reason: StatsReason.REUSED, packets: [1, 1], bytes: [60, 40] })]);
+    assert.deepEqual(fa!.packets, [1, 1]);
+    assert.deepEqual(fb!.packets, [0, 0]);
+  });
 });
