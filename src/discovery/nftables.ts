@@ -187,8 +187,11 @@ export function parseNftKubeProxy(json: string): Discovery {
         warnings.push(`${ep}: no dnat rule found`);
         continue;
       }
-      // kube-proxy's hairpin rule: ip saddr <endpoint> jump mark-for-masquerade.
-      const ruleAddress = (doc.chains.get(ep) ?? []).map((rule) => (verdictTarget(rule.at(-1)) === 'mark-for-masquerade' ? rule.map(saddrIs).find(Boolean) : undefined)).find(Boolean);
+      // What kube-proxy wrote the chain for: its hairpin rule (ip saddr
+      // <endpoint> jump mark-for-masquerade) and its name (..._<ip>/<port>).
+      const hairpin = (doc.chains.get(ep) ?? []).map((rule) => (verdictTarget(rule.at(-1)) === 'mark-for-masquerade' ? rule.map(saddrIs).find(Boolean) : undefined)).find(Boolean);
+      const named = /__(\d+\.\d+\.\d+\.\d+)\/\d+$/.exec(ep)?.[1];
+      const ruleAddress = hairpin && hairpin !== dnat.addr ? hairpin : named && named !== dnat.addr ? named : hairpin ?? named;
       s.endpoints.push({ ip: dnat.addr, port: dnat.port, probability: 1 / Math.max(mod, endpointChains.length, 1), chain: ep, ...(ruleAddress ? { ruleAddress } : {}) });
     }
   }

@@ -140,6 +140,12 @@ describe('nftables discovery', () => {
     const d2 = parseNftKubeProxy(JSON.stringify(doc));
     assert.deepEqual(findByName(d2, 'default/web:http')[0]!.externalIPs, ['192.168.99.22']);
     assert.equal(d2.services.length, d.services.length, 'no pseudo-service for the external address');
+    // An endpoint chain whose DNAT was changed: its name and hairpin rule still name the pod (a stale rule).
+    const stale = JSON.parse(json) as { nftables: Array<{ rule?: { chain: string; expr: Array<{ dnat?: { addr: string } }> } }> };
+    const epRule = stale.nftables.find((x) => x.rule?.chain.includes('__10.244.1.11/8080') && x.rule.expr.some((st) => st.dnat))!.rule!;
+    epRule.expr.find((st) => st.dnat)!.dnat!.addr = '10.244.1.99';
+    const ep = findByName(parseNftKubeProxy(JSON.stringify(stale)), 'default/web:http')[0]!.endpoints.find((x) => x.ip === '10.244.1.99')!;
+    assert.equal(ep.ruleAddress, '10.244.1.11');
     // Not JSON at all: no rules, said so.
     assert.equal(parseNftKubeProxy('table ip kube-proxy {').mode, 'none');
   });
