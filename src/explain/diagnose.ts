@@ -76,7 +76,7 @@ export interface ObservedTraffic {
 export function diagnoseRules(svc: DiscoveredService | undefined, target: string, masqueradeRule: boolean): Diagnosis[] {
   if (!svc) {
     return [{
-      code: 'RULES_MISSING',
+      code: 'RULES_MISSING', layer: 'rules',
       severity: 'error',
       summary: `no kube-proxy rule matches ${target} on this node: packets to it are not DNATed (the Service is missing from the rules, or kube-proxy is not running or not synced)`,
       evidence: ['no KUBE-SERVICES rule (iptables) or service-ips element (nftables) for this address and port'],
@@ -85,7 +85,7 @@ export function diagnoseRules(svc: DiscoveredService | undefined, target: string
   const out: Diagnosis[] = [];
   if (svc.rejects || svc.endpoints.length === 0) {
     out.push({
-      code: 'NO_ENDPOINTS',
+      code: 'NO_ENDPOINTS', layer: 'rules',
       severity: 'error',
       summary: `${svc.name} has no endpoints: kube-proxy ${svc.rejects ? 'REJECTs' : 'drops'} new connections (clients see "connection refused"); check the pods' readiness and the EndpointSlices`,
       evidence: [svc.rejects ? `REJECT rule for ${svc.clusterIP}:${svc.port} ("has no endpoints")` : `${svc.chain} has no endpoint rule`],
@@ -93,7 +93,7 @@ export function diagnoseRules(svc: DiscoveredService | undefined, target: string
   }
   if (svc.affinitySeconds) {
     out.push({
-      code: 'SESSION_AFFINITY',
+      code: 'SESSION_AFFINITY', layer: 'rules',
       severity: 'info',
       summary: `sessionAffinity: ClientIP (${svc.affinitySeconds} s): each client sticks to one backend, so few clients make an uneven distribution`,
       evidence: [`-m recent --rcheck --seconds ${svc.affinitySeconds} rules in ${svc.chain}`],
@@ -101,7 +101,7 @@ export function diagnoseRules(svc: DiscoveredService | undefined, target: string
   }
   if (svc.nodePorts.length && svc.nodePortMasquerade) {
     out.push({
-      code: 'CLIENT_IP_HIDDEN',
+      code: 'CLIENT_IP_HIDDEN', layer: 'rules',
       severity: 'info',
       summary: `NodePort ${svc.nodePorts.join(',')} traffic is masqueraded: pods see this node's address, not the client (externalTrafficPolicy: Cluster); use Local to keep the client IP`,
       evidence: ['the NodePort chain jumps to KUBE-MARK-MASQ / mark-for-masquerade for every packet'],
@@ -109,7 +109,7 @@ export function diagnoseRules(svc: DiscoveredService | undefined, target: string
   }
   if ((svc.masqueradeUnless || svc.nodePortMasquerade) && !masqueradeRule) {
     out.push({
-      code: 'MASQUERADE_RULE_MISSING',
+      code: 'MASQUERADE_RULE_MISSING', layer: 'rules',
       severity: 'warning',
       summary: 'packets are marked for masquerade but no MASQUERADE rule acts on the mark: replies from pods may not come back the way the request went',
       evidence: ['KUBE-MARK-MASQ / mark-for-masquerade present, no MASQUERADE in KUBE-POSTROUTING / masquerading'],
@@ -186,7 +186,7 @@ export function diagnoseConntrack(p: ConntrackPressure | null): Diagnosis[] {
   if (p.drop) ev.push(`drop=${p.drop}`);
   if (p.earlyDrop) ev.push(`early_drop=${p.earlyDrop}`);
   if (!ev.length) return [];
-  return [{ code: 'CONNTRACK_PRESSURE', severity: 'error', summary: 'conntrack is under pressure: new connections are dropped or fail to insert (timeouts, resets under load)', evidence: ev }];
+  return [{ code: 'CONNTRACK_PRESSURE', layer: 'conntrack', severity: 'error', summary: 'conntrack is under pressure: new connections are dropped or fail to insert (timeouts, resets under load)', evidence: ev }];
 }
 
 /** Chi-square statistic of observed new flows per backend vs the rules' probabilities. */
@@ -209,11 +209,11 @@ export function diagnoseTraffic(svc: DiscoveredService, t: ObservedTraffic): Dia
   // it in the filter table (NO_ENDPOINTS says so). Only a Service whose rules
   // should DNAT and did not is missing rules.
   if (t.notDnated > 0 && !(svc.rejects || svc.endpoints.length === 0)) {
-    out.push({ code: 'RULES_MISSING', severity: 'error', summary: `${t.notDnated} of ${t.flows} connections to ${svc.clusterIP}:${svc.port} were not DNATed`, evidence: ['after-DNAT hook saw the ClusterIP still as destination'] });
+    out.push({ code: 'RULES_MISSING', layer: 'rules', severity: 'error', summary: `${t.notDnated} of ${t.flows} connections to ${svc.clusterIP}:${svc.port} were not DNATed`, evidence: ['after-DNAT hook saw the ClusterIP still as destination'] });
   }
   for (const b of t.backends) {
     if (b.resets > 0) {
-      out.push({ code: 'BACKEND_NOT_LISTENING', severity: 'error', summary: `${b.backend} answered ${b.resets} connection(s) with a TCP RST: nothing listens on that port in the pod (wrong targetPort, or the app is down)`, evidence: [`${b.resets} RST from the backend`] });
+      out.push({ code: 'BACKEND_NOT_LISTENING', layer: 'application', severity: 'error', summary: `${b.backend} answered ${b.resets} connection(s) with a TCP RST: nothing listens on that port in the pod (wrong targetPort, or the app is down)`, evidence: [`${b.resets} RST from the backend`] });
     }
     const unanswered = b.flows - b.answered - b.resets;
     if (unanswered > 0 && b.flows > 0) {
@@ -241,7 +241,7 @@ export function diagnoseTraffic(svc: DiscoveredService, t: ObservedTraffic): Dia
     const crit = CHI2_P001[Math.min(withEndpoints.length - 1, CHI2_P001.length - 1)]!;
     if (x2 > crit) {
       out.push({
-        code: 'SKEWED_DISTRIBUTION',
+        code: 'SKEWED_DISTRIBUTION', layer: 'rules',
         severity: svc.affinitySeconds ? 'info' : 'warning',
         summary: svc.affinitySeconds
           ? `new connections are unevenly spread, as sessionAffinity: ClientIP makes them (${t.backends.reduce((s, b) => s + b.clients.size, 0)} client addresses)`
@@ -254,7 +254,7 @@ export function diagnoseTraffic(svc: DiscoveredService, t: ObservedTraffic): Dia
   const busiest = t.backends.reduce((m, b) => Math.max(m, b.maxPacketsPerFlow), 0);
   if (t.flows > 0 && t.flows <= withEndpoints.length * 2 && busiest >= 20) {
     out.push({
-      code: 'CONNECTION_REUSE',
+      code: 'CONNECTION_REUSE', layer: 'application',
       severity: 'info',
       summary: `only ${t.flows} connection(s) in ${t.seconds} s carried the traffic (up to ${busiest} packets each): kube-proxy balances connections, not requests, so keep-alive clients stay on one pod`,
       evidence: t.backends.map((b) => `${b.backend}: ${b.flows} flows, busiest ${b.maxPacketsPerFlow} packets`),
@@ -303,7 +303,7 @@ export function diagnoseApi(svc: DiscoveredService, api: ApiEndpoint[]): Diagnos
   const missing = [...ready].filter((k) => !rules.has(k));
   if (stale.length) {
     out.push({
-      code: 'ENDPOINTS_MISMATCH',
+      code: 'ENDPOINTS_MISMATCH', layer: 'rules',
       severity: 'error',
       summary: `this node's rules still send ${svc.name} connections to ${stale.join(', ')}, which the API no longer lists as ready: stale rules (kube-proxy has not synced) — or a ghost endpoint`,
       evidence: stale.map((k) => {
@@ -314,7 +314,7 @@ export function diagnoseApi(svc: DiscoveredService, api: ApiEndpoint[]): Diagnos
   }
   if (missing.length) {
     out.push({
-      code: 'ENDPOINTS_MISMATCH',
+      code: 'ENDPOINTS_MISMATCH', layer: 'rules',
       severity: 'error',
       summary: `the API lists ready endpoints of ${svc.name} that this node's rules do not have: ${missing.join(', ')} (kube-proxy not synced on this node)`,
       evidence: missing.map((k) => `${k}${known.get(k)?.pod ? ` (${known.get(k)!.pod})` : ''}: ready in the EndpointSlice, no rule`),

@@ -36,7 +36,7 @@ export function registerTrace(program: Command): void {
               textTimelineSink(write, useColor(), ctx.backendName, dropsOnly),
               // Classic failures seen live, next to the timelines (needs the rules of the services).
               liveDiagnoserSink(tracedServicesInRules(services, ctx.discovery), ctx.discovery.masqueradeRule, (ds) =>
-                write(ds.map((x) => `[diagnosis] [${x.severity.toUpperCase()}] ${x.code} ${x.service}: ${x.summary}\n`).join('')),
+                write(ds.map((x) => `[diagnosis] [${x.severity.toUpperCase()}] ${x.code}${x.layer ? ` (${x.layer})` : ''} ${x.service}: ${x.summary}\n`).join('')),
               ),
             ],
       );
