@@ -9,13 +9,18 @@ import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { kernelTest, IS_ROOT, sleep } from '../helpers/kernel';
+import { kernelTest, IS_ROOT, netfilterLinks, sleep } from '../helpers/kernel';
 import { waitFor } from '../helpers/flows';
 import { Lab } from '../../src/lab/lab';
 import { runIn } from '../../src/lab/exec';
 import { explain, Explanation } from '../../src/explain/explain';
 
 const CLI = path.resolve(__dirname, '..', '..', '..', 'bin', 'svctrace.js');
+
+/** explain --watch sees traffic from the moment its netfilter links are attached: wait for them, not for a fixed time. */
+async function watching(linksBefore: number): Promise<void> {
+  assert.ok(await waitFor(() => netfilterLinks().length >= linksBefore + 8, 15_000), 'explain --watch attached its links');
+}
 
 function codes(e: Explanation[]): string[] {
   return e.flatMap((x) => x.diagnoses.map((d) => d.code));
@@ -130,14 +135,16 @@ describe('diagnoses of faults created in the lab (kernel)', () => {
   });
 
   kernelTest('backend not listening (RST), connection reuse, and skew — with --watch', async () => {
+    const linksBefore1 = netfilterLinks().length;
     const watchClosed = explain({ target: 'default/closed', netns: lab.nodeNetns, watchSeconds: 2 });
-    await sleep(700);
+    await watching(linksBefore1);
     for (let i = 0; i < 3; i++) await lab.curl('http://10.96.0.160/');
     assert.ok(codes(await watchClosed).includes('BACKEND_NOT_LISTENING'));
 
     // Keep-alive: many requests over one connection all land on one pod.
+    const linksBefore2 = netfilterLinks().length;
     const watchReuse = explain({ target: 'default/web', netns: lab.nodeNetns, watchSeconds: 2.5 });
-    await sleep(700);
+    await watching(linksBefore2);
     const urls = Array.from({ length: 30 }, () => 'http://10.96.0.100/');
     await runIn(lab.nodeNetns, ['curl', '-s', '-o', '/dev/null', '--max-time', '10', ...urls]);
     const reuse = await watchReuse;
@@ -145,8 +152,9 @@ describe('diagnoses of faults created in the lab (kernel)', () => {
     assert.equal(reuse[0]!.observed!.flows, 1);
 
     // Short connections spread out: no reuse diagnosis.
+    const linksBefore3 = netfilterLinks().length;
     const watchShort = explain({ target: 'default/web', netns: lab.nodeNetns, watchSeconds: 2.5 });
-    await sleep(700);
+    await watching(linksBefore3);
     for (let i = 0; i < 12; i++) await lab.curl('http://10.96.0.100/');
     const short = await watchShort;
     assert.ok(!codes(short).includes('CONNECTION_REUSE'));
@@ -164,8 +172,9 @@ describe('diagnoses of faults created in the lab (kernel)', () => {
     // And it works in the kernel: every new connection from the node goes to
     // the same pod — an uneven distribution that --watch attributes to affinity.
     const served = lab.served.length;
+    const linksBefore4 = netfilterLinks().length;
     const w = explain({ target: 'default/web', netns: lab.nodeNetns, watchSeconds: 3.5 });
-    await sleep(700);
+    await watching(linksBefore4);
     for (let i = 0; i < 18; i++) assert.ok((await lab.curl('http://10.96.0.100/')).ok);
     assert.equal(new Set(lab.served.slice(served).map((s) => s.pod)).size, 1);
     const skew = (await w)[0]!.diagnoses.find((d) => d.code === 'SKEWED_DISTRIBUTION');
@@ -188,8 +197,9 @@ describe('diagnoses of faults created in the lab (kernel)', () => {
 
   kernelTest('a pod that receives but drops its own replies: the drop is cited', async () => {
     await lab.blockReplies('pod1');
+    const linksBefore5 = netfilterLinks().length;
     const w = explain({ target: 'default/web', netns: lab.nodeNetns, watchSeconds: 4 });
-    await sleep(700);
+    await watching(linksBefore5);
     await Promise.all(Array.from({ length: 9 }, () => lab.curl('http://10.96.0.100/', 'node', ['--max-time', '1'])));
     const e = await w;
     // The kernel saw the pod drop its own replies: the diagnosis cites that drop, not three guesses.
@@ -293,8 +303,9 @@ describe('explain --watch counts refused connections (kernel)', () => {
   kernelTest('every connection a backend refused is counted, though the next connection takes its conntrack entry\'s address', async () => {
     const pod1 = lab.pods[1]!;
     await lab.filterPort(pod1.name, 8080, 'REJECT');
+    const linksBefore6 = netfilterLinks().length;
     const w = explain({ target: 'default/web', netns: lab.nodeNetns, watchSeconds: 8 });
-    await sleep(800);
+    await watching(linksBefore6);
     let refused = 0;
     for (let i = 0; i < 20; i++) if (!(await lab.curl('http://10.96.0.100/', 'node', ['--max-time', '1'])).ok) refused++;
     const e = await w;

@@ -13,7 +13,7 @@ import path from 'node:path';
 import { execFileSync } from 'node:child_process';
 import WebSocket from 'ws';
 import { StreamServer } from '../../src/stream/server';
-import { eventsFrame, encodeEvents } from '../../src/stream/frames';
+import { eventsFrame, encodeEvents, serverFrame } from '../../src/stream/frames';
 import { SvctraceError } from '../../src/errors';
 import { svctrace } from '../../src/gen/svctrace';
 import { connect } from '../../src/client/node';
@@ -41,6 +41,11 @@ describe('frames', () => {
     assert.equal(msg.events!.events!.length, 2);
     assert.equal(msg.events!.events![1]!.dropReasonName, 'NO_SOCKET');
     assert.equal(msg.events!.events![0]!.summary, events[0]!.summary);
+  });
+
+  it('a diagnosis carries its layer to clients', () => {
+    const msg = pb.ServerMessage.decode(serverFrame({ diagnosis: { code: 'BACKEND_FILTERED', layer: 'pod-firewall', severity: 'error', service: 's', summary: 'x' } }));
+    assert.equal(msg.diagnosis!.layer, 'pod-firewall');
   });
 });
 
