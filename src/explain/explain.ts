@@ -5,6 +5,7 @@
  * and with `watch` the live distribution compared with the rules.
  */
 import { SvctraceError } from '../errors';
+import type { Flow } from '../flows/types';
 import { discover } from '../discovery/discover';
 import { DiscoveredService, Discovery, findByAddress, findByName } from '../discovery/model';
 import { parseServiceSpec } from '../net/ipv4';
@@ -118,18 +119,23 @@ function apiEndpointsFor(cluster: Cluster, svc: DiscoveredService): ApiEndpoint[
 async function watch(exps: Explanation[], netns: string, d: Discovery, seconds: number, onWarning?: (m: string) => void): Promise<void> {
   const svcs = exps.map((e) => e.service!).filter(Boolean);
   if (!svcs.length) return;
-  const pipeline = await Pipeline.start({
-    services: svcs.map((s) => parseServiceSpec(`${s.clusterIP}:${s.port}/${s.proto}`)),
-    netns: [netns],
-    discovery: d,
-    // Only the flows are compared with the rules: no names from the API, no rule paths (no marking table in the node).
-    kubeconfig: false,
-    ruleTrace: false,
-    closeGraceMs: 3_600_000, // every flow of the window stays for the comparison
-    onWarning,
-  });
+  // Flows that ended early (their conntrack address taken by the next connection) leave the table: kept here.
+  const ended: Flow[] = [];
+  const pipeline = await Pipeline.start(
+    {
+      services: svcs.map((s) => parseServiceSpec(`${s.clusterIP}:${s.port}/${s.proto}`)),
+      netns: [netns],
+      discovery: d,
+      // Only the flows are compared with the rules: no names from the API, no rule paths (no marking table in the node).
+      kubeconfig: false,
+      ruleTrace: false,
+      closeGraceMs: 3_600_000, // every flow of the window stays for the comparison
+      onWarning,
+    },
+    () => [{ name: 'watch', write: () => undefined, expired: (fs) => ended.push(...fs) }],
+  );
   await waitForStop(seconds);
-  const flows = pipeline.flows.flows();
+  const flows = [...ended, ...pipeline.flows.flows()];
   await pipeline.stop();
   for (const e of exps) {
     const s = e.service;

@@ -28,6 +28,8 @@ export class FlowTable implements FlowTableView {
   /** By nf_conn address (KernelEvent.ctKey), or `pkt:` tuple key for a packet dropped before conntrack kept an entry. */
   private readonly byKey = new Map<number | string, Flow>();
   private readonly byTuple = new Map<string, Flow>();
+  /** Flows retired by address reuse, not yet taken by the pipeline (bounded: taken after every batch). */
+  private retired: Flow[] = [];
   /** Flows by their packets as the backend receives them (after DNAT and SNAT): traces from a pod's namespace find their flow here. */
   private readonly byBackendTuple = new Map<string, Flow>();
   private nextId = 1;
@@ -119,12 +121,9 @@ export class FlowTable implements FlowTableView {
     const key = r.ctKey;
     let f = this.byKey.get(key);
     // Counters of an earlier entry at a reused address never touch a newer
-    // flow: they go to the earlier one (retired, found by its tuple), if kept.
-    if (f && !sameTuple(f.orig, r.orig)) {
-      const earlier = this.byTuple.get(`${r.netnsIno}|${tupleKey(r.orig)}`);
-      if (!earlier || earlier === f) return undefined;
-      f = earlier;
-    }
+    // flow (the kernel writes them before the new entry's first event, so
+    // the earlier flow, still in the table then, got them).
+    if (f && !sameTuple(f.orig, r.orig)) return undefined;
     if (!f) {
       if (r.reason === StatsReason.REUSED || r.reason === StatsReason.EXPIRED) return undefined; // long gone from the table
       f = this.newFlow(key, { netnsIno: r.netnsIno, serviceId: r.serviceId, tsNs: r.firstNs, kind: EventKind.NF, ctReply: r.orig, ctId: r.ctId }, r.orig);
@@ -227,8 +226,10 @@ export class FlowTable implements FlowTableView {
         const p = this.pendingTraces.get(key) ?? { at: nowMs, traces: [] };
         p.traces.push(...group);
         if (this.pendingTraces.size < 10_000) this.pendingTraces.set(key, p);
-        // Or it was traced where the backend receives it, before its flow's DNAT reached us.
-        if (this.pendingBackendTraces.size < 10_000) this.pendingBackendTraces.set(tupleKey(first.pkt), p);
+        // Or it was traced where the backend receives it, before its flow's
+        // DNAT reached us: only a drop is news there, so only a group with a
+        // drop verdict waits (parking every group held tens of MB in a storm).
+        if (this.pendingBackendTraces.size < 10_000 && rulePathOf(group)?.droppedBy) this.pendingBackendTraces.set(tupleKey(first.pkt), { at: nowMs, traces: group });
         continue;
       }
       const r = this.attachRuleTrace(f, group);
@@ -292,30 +293,54 @@ export class FlowTable implements FlowTableView {
   /**
    * A new conntrack entry took the address of this flow's: its connection
    * is over (a refused one is destroyed at once, and the next takes its
-   * place within microseconds). It stays in the table under a key of its
-   * own and ends like any flow (expiry, sinks' `expired`), instead of
-   * vanishing: `explain --watch` and the metrics count it.
+   * place within microseconds). It leaves the table now, as an ended flow
+   * the pipeline hands to its sinks (takeRetired), instead of vanishing:
+   * `explain --watch` and the metrics count it. Kept for the grace period
+   * like other closed flows, these filled the table to its cap in a storm.
    */
   private retire(f: Flow, tsNs: bigint): void {
-    this.byKey.delete(f.key);
-    f.key = `reused:${f.id}`;
-    this.byKey.set(f.key, f);
     if (!f.closed) {
       f.closed = true;
       f.closedTsNs = tsNs;
       this.summaryCounters.closed++;
     }
+    this.remove(f);
+    this.retired.push(f);
+  }
+
+  /** Entries in each index: each must hold only flows still in the table (memory bounded by the cap). */
+  indexSizes(): { byKey: number; byTuple: number; byBackendTuple: number } {
+    return { byKey: this.byKey.size, byTuple: this.byTuple.size, byBackendTuple: this.byBackendTuple.size };
+  }
+
+  /** Flows that ended because their address was reused, since the last call (see retire). */
+  takeRetired(): Flow[] {
+    return this.retired.splice(0);
   }
 
   private remove(f: Flow): void {
     this.byKey.delete(f.key);
     if (this.byTuple.get(f.tupleIndexKey) === f) this.byTuple.delete(f.tupleIndexKey);
-    if (f.backendOf) this.forgetBackendTuple(f, f.backendOf);
+    this.forgetBackendTuple(f);
   }
 
-  private forgetBackendTuple(f: Flow, r: Tuple): void {
+  private forgetBackendTuple(f: Flow): void {
+    if (f.backendKey && this.byBackendTuple.get(f.backendKey) === f) this.byBackendTuple.delete(f.backendKey);
+    f.backendKey = undefined;
+  }
+
+  /** Indexes a flow by the tuple its backend receives; a trace from there that came first is attached now. */
+  private indexBackendTuple(f: Flow, r: Tuple): void {
+    this.forgetBackendTuple(f);
     const k = tupleKey({ saddr: r.daddr, daddr: r.saddr, sport: r.dport, dport: r.sport, proto: r.proto });
-    if (this.byBackendTuple.get(k) === f) this.byBackendTuple.delete(k);
+    f.backendKey = k;
+    this.byBackendTuple.set(k, f);
+    const pending = this.pendingBackendTraces.get(k);
+    if (pending) {
+      this.pendingBackendTraces.delete(k);
+      const dropped = this.attachBackendDrop(f, pending.traces);
+      if (dropped) this.deferred.push(dropped);
+    }
   }
 
   private flowFor(e: KernelEvent): Flow | undefined {
@@ -417,25 +442,16 @@ export class FlowTable implements FlowTableView {
     // tuple under the same flow changed (a new entry at the same address
     // whose first events were lost), not per event.
     if (!f.dnat) {
-      if (f.backendOf) this.forgetBackendTuple(f, f.backendOf);
+      this.forgetBackendTuple(f);
       f.backend = f.backendOf = undefined;
     } else {
       const was = f.backendOf;
-      if (!f.backend || !was || was.saddr !== e.ctReply.saddr || was.sport !== e.ctReply.sport) {
-        f.backend = flat(endpoint(e.ctReply.saddr, e.ctReply.sport));
-        // What the backend receives: the reply tuple, reversed.
-        if (was) this.forgetBackendTuple(f, was);
-        const r = e.ctReply;
-        const k = tupleKey({ saddr: r.daddr, daddr: r.saddr, sport: r.dport, dport: r.sport, proto: r.proto });
-        this.byBackendTuple.set(k, f);
-        const pending = this.pendingBackendTraces.get(k);
-        if (pending) {
-          this.pendingBackendTraces.delete(k);
-          const dropped = this.attachBackendDrop(f, pending.traces);
-          if (dropped) this.deferred.push(dropped);
-        }
-      }
-      f.backendOf = e.ctReply;
+      const r = e.ctReply;
+      if (!f.backend || !was || was.saddr !== r.saddr || was.sport !== r.sport) f.backend = flat(endpoint(r.saddr, r.sport));
+      // What the backend receives (the reply tuple, reversed) changes with
+      // SNAT too, after DNAT: indexed again whenever any of it changes.
+      if (!was || was.saddr !== r.saddr || was.sport !== r.sport || was.daddr !== r.daddr || was.dport !== r.dport) this.indexBackendTuple(f, r);
+      f.backendOf = r;
       if (!wasDnat) this.summaryCounters.perBackend[f.backend] = (this.summaryCounters.perBackend[f.backend] ?? 0) + 1;
     }
     // Packets and bytes are counted in the kernel (applyStats), not here:

@@ -35,6 +35,8 @@ export interface Flow {
   backend?: string;
   /** The reply tuple `backend` was made from. */
   backendOf?: Tuple;
+  /** The flow table's key for the tuple the backend receives (its index of traces from a pod's namespace). */
+  backendKey?: string;
   backendNetns?: string;
   status: number;
   tcpState: number;

@@ -205,6 +205,9 @@ export class Pipeline {
     const items = this.table.ingest(batch.events, batch.stats);
     items.push(...this.rulePaths!.inferred(items));
     this.deliver(items);
+    // Flows whose conntrack address a new connection took: ended, after their events.
+    const retired = this.table.takeRetired();
+    if (retired.length) this.sinks.expired(retired);
   }
 
   private deliver(items: Ingested[]): void {
