@@ -111,10 +111,12 @@ export async function startStorm(lab: Lab, seconds: number): Promise<Wrk> {
 }
 
 /** What serve's summary (stderr, after SIGINT) says: flows seen and events lost. */
-export function parseServeSummary(stderr: string): { flows?: number; lost?: number; eventsLine?: string } {
+export function parseServeSummary(stderr: string): { flows?: number; flowsUnseen?: number; resets?: number; lost?: number; eventsLine?: string } {
   const flows = /^summary: (\d+) flows/m.exec(stderr);
+  const resets = /^summary: \d+ flows \(\d+ closed\), (\d+) reset/m.exec(stderr);
+  const unseen = /^summary: .*; (\d+) more flows lost whole \((\d+) of them reset/m.exec(stderr);
   const ev = /^\s*(events: .*lost: (\d+).*)$/m.exec(stderr);
-  return { flows: flows ? Number(flows[1]) : undefined, lost: ev ? Number(ev[2]) : undefined, eventsLine: ev?.[1] };
+  return { flows: flows ? Number(flows[1]) : undefined, flowsUnseen: flows ? Number(unseen?.[1] ?? 0) : undefined, resets: resets ? Number(resets[1]) + Number(unseen?.[2] ?? 0) : undefined, lost: ev ? Number(ev[2]) : undefined, eventsLine: ev?.[1] };
 }
 
 /**

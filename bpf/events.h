@@ -186,7 +186,7 @@ struct svt_flow_counters {
 	__u32 last_drop_reason;
 	__u8 tcp_flags[2];       /* OR of the TCP flags seen, per direction */
 	__u8 last_tcp_state;     /* conntrack TCP state last reported */
-	__u8 _pad;
+	__u8 delivered;          /* 1 once any record of this flow was written to the ring buffer */
 };
 SVT_STATIC_ASSERT(sizeof(struct svt_flow_counters) == 104, "svt_flow_counters ABI changed");
 
@@ -231,6 +231,8 @@ enum svt_counter {
 	SVT_CNT_FLOWS = 2,        /* tracked flows started */
 	SVT_CNT_STATE_FULL = 3,   /* flows not counted in the kernel: svt_flow_state was full */
 	SVT_CNT_PACKETS = 4,      /* packets of tracked flows counted in the kernel */
+	SVT_CNT_FLOWS_UNSEEN = 5, /* flows none of whose records fit the ring buffer, their final counters included */
+	SVT_CNT_FLOWS_UNSEEN_RESET = 6, /* ... of which a TCP reset ended (attempts, mostly) */
 	SVT_CNT_MAX = 8,
 };
 

@@ -61,6 +61,23 @@ struct {
 	__type(value, struct svt_flow_counters);
 } svt_flow_state SEC(".maps");
 
+/*
+ * Destroys still to come for entries a new entry with the same original
+ * tuple replaced (a client reusing its port as soon as conntrack let the old
+ * entry go), by that tuple. The addon's destroy handler finds a flow's state
+ * through the wire-tuple registry, which names the new entry by then: one
+ * count here says the next destroy of that tuple is the old entry's (whose
+ * final counters went out as SVT_STATS_REUSED when it was replaced), so it
+ * leaves the new entry's state and wire tuples alone. LRU: a count whose
+ * destroy never comes (a netlink overrun) goes in time.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, SVT_MAX_FLOWS);
+	__type(key, struct svt_tuple);
+	__type(value, __u32);
+} svt_stale_destroys SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, SVT_MAX_SERVICES);
@@ -197,14 +214,14 @@ static __always_inline bool tuple_eq(const struct svt_tuple *a, const struct svt
 	       a->proto == b->proto;
 }
 
-/* Writes a flow's counters into the ring buffer. */
-static __always_inline void emit_flow_stats(__u64 ct_id, struct svt_flow_counters *c, __u32 reason)
+/* Writes a flow's counters into the ring buffer; false when it was full. */
+static __always_inline bool emit_flow_stats(__u64 ct_id, struct svt_flow_counters *c, __u32 reason)
 {
 	struct svt_flow_stats *r = bpf_ringbuf_reserve(&svt_events, sizeof(*r), 0);
 
 	if (!r) {
 		svt_count(SVT_CNT_RINGBUF_LOST);
-		return;
+		return false;
 	}
 	r->kind = SVT_EV_FLOW_STATS;
 	r->size = sizeof(*r);
@@ -216,6 +233,33 @@ static __always_inline void emit_flow_stats(__u64 ct_id, struct svt_flow_counter
 	__builtin_memcpy(&r->c, c, sizeof(r->c));
 	svt_count(SVT_CNT_EVENTS);
 	bpf_ringbuf_submit(r, 0);
+	return true;
+}
+
+#define TCP_FIN 0x01
+#define TCP_SYN 0x02
+#define TCP_RST 0x04
+
+/* The last record of an entry a new one replaced. Its `delivered` tells
+ * user space whether this is the first it hears of that flow (then it makes
+ * the flow from it); lost with no record before it, the whole flow is. */
+static __always_inline void end_replaced(__u64 ct_id, struct svt_flow_counters *st)
+{
+	if (!emit_flow_stats(ct_id, st, SVT_STATS_REUSED) && !st->delivered) {
+		svt_count(SVT_CNT_FLOWS_UNSEEN);
+		if ((st->tcp_flags[0] | st->tcp_flags[1]) & TCP_RST)
+			svt_count(SVT_CNT_FLOWS_UNSEEN_RESET);
+	}
+}
+
+static __always_inline void owe_stale_destroy(const struct svt_tuple *orig)
+{
+	__u32 one = 1, *pending = bpf_map_lookup_elem(&svt_stale_destroys, orig);
+
+	if (pending)
+		__sync_fetch_and_add(pending, 1);
+	else
+		bpf_map_update_elem(&svt_stale_destroys, orig, &one, BPF_ANY);
 }
 
 /*
@@ -231,11 +275,33 @@ static __always_inline struct svt_flow_counters *flow_state_of(struct nf_conn *c
 	__u64 key = (__u64)ct;
 	struct svt_flow_counters *st = bpf_map_lookup_elem(&svt_flow_state, &key);
 	struct svt_flow_counters init = {};
+	__u32 netns_ino;
 
-	if (st && tuple_eq(&st->orig, orig))
+	/* The same entry, unless it is a new one with the same tuple at the
+	 * same address (a client reusing its port, as soon as the old entry is
+	 * gone): an unconfirmed entry where the state saw a confirmed one. */
+	if (st && tuple_eq(&st->orig, orig) && ((status & IPS_CONFIRMED) || !(st->last_status & IPS_CONFIRMED)))
 		return st;
-	if (st)
-		emit_flow_stats(key, st, SVT_STATS_REUSED);
+	netns_ino = BPF_CORE_READ(state, net, ns.inum); /* read only when a state is made */
+	if (st) {
+		end_replaced(key, st);
+		if (tuple_eq(&st->orig, orig))
+			owe_stale_destroy(orig);
+	}
+	/* A new entry whose tuple the registry still gives to another entry
+	 * in this namespace with a state: that entry is gone (conntrack never
+	 * holds two entries with one original tuple), at another address. */
+	if (!(status & IPS_CONFIRMED)) {
+		struct svt_flow_ref *ref = bpf_map_lookup_elem(&svt_flows, orig);
+		__u64 old = ref ? ref->ct_id : key;
+		struct svt_flow_counters *prev = old != key ? bpf_map_lookup_elem(&svt_flow_state, &old) : NULL;
+
+		if (prev && tuple_eq(&prev->orig, orig) && prev->netns_ino == netns_ino) {
+			end_replaced(old, prev);
+			bpf_map_delete_elem(&svt_flow_state, &old);
+			owe_stale_destroy(orig);
+		}
+	}
 	if (status & IPS_DYING)
 		return NULL;
 	init.orig = *orig;
@@ -243,7 +309,7 @@ static __always_inline struct svt_flow_counters *flow_state_of(struct nf_conn *c
 	init.last_ns = now;
 	init.last_report_ns = now;
 	init.service_id = svc;
-	init.netns_ino = BPF_CORE_READ(state, net, ns.inum); /* read only when a state is made */
+	init.netns_ino = netns_ino;
 	init.last_tcp_state = 0xff; /* nothing reported yet */
 	if (bpf_map_update_elem(&svt_flow_state, &key, &init, BPF_ANY)) {
 		svt_count(SVT_CNT_STATE_FULL);
@@ -312,9 +378,6 @@ static __always_inline void stash_for_fib(struct svt_event *e)
 	st->dir = e->dir;
 }
 
-#define TCP_FIN 0x01
-#define TCP_SYN 0x02
-#define TCP_RST 0x04
 
 /* The L4 facts the transition rules need, from the IP header at nh. */
 struct pkt_facts {
@@ -407,7 +470,7 @@ static __always_inline int observe_nf(struct bpf_nf_ctx *ctx, __u8 stage)
 	unsigned char *nh;
 	__u32 svc, status, bit, h, zero = 0;
 	__u8 hook, dir, ctinfo, tcp_state = 0;
-	bool counting, emit, first, first_here = false;
+	bool counting, emit, first, first_here = false, ended = false;
 	__u64 now, pkt;
 
 	nfct = skb->_nfct;
@@ -496,6 +559,9 @@ static __always_inline int observe_nf(struct bpf_nf_ctx *ctx, __u8 stage)
 		if (orig.proto == IPPROTO_TCP && tcp_state != st->last_tcp_state) {
 			st->last_tcp_state = tcp_state;
 			emit = true;
+			/* The connection is over (its entry lives on: 120 s in
+			 * TIME_WAIT): its counters now are its last, written at once. */
+			ended = counting && (tcp_state == TCP_CONNTRACK_TIME_WAIT || tcp_state == TCP_CONNTRACK_CLOSE);
 		}
 	} else if (!(status & IPS_CONFIRMED)) {
 		/* no state to remember it by (map full): report the first packet anyway */
@@ -545,11 +611,14 @@ static __always_inline int observe_nf(struct bpf_nf_ctx *ctx, __u8 stage)
 			    (first_here || targ_all_packets))
 				stash_for_fib(e);
 			svt_submit(e);
+			if (st && !st->delivered)
+				st->delivered = 1;
 		}
 	}
-	if (st && counting && now - st->last_report_ns >= targ_stats_interval_ns) {
+	if (st && counting && (ended || now - st->last_report_ns >= targ_stats_interval_ns)) {
 		st->last_report_ns = now;
-		emit_flow_stats((__u64)ct, st, SVT_STATS_PERIODIC);
+		if (emit_flow_stats((__u64)ct, st, SVT_STATS_PERIODIC) && !st->delivered)
+			st->delivered = 1;
 	}
 	return NF_ACCEPT;
 }
@@ -636,6 +705,19 @@ int BPF_PROG(svt_dev_recv, struct sk_buff *skb)
 	return observe_dev(skb, SVT_EV_DEV_RECV);
 }
 
+/* Drop reasons that name a packet's normal end (the same list as the
+ * flow model's BENIGN_DROPS). CO-RE: a reason this kernel lacks matches no
+ * packet. */
+static __always_inline bool is_benign_free(enum skb_drop_reason reason)
+{
+	return (bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_QUEUE_PURGE) &&
+		reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_QUEUE_PURGE)) ||
+	       (bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_SOCKET_CLOSE) &&
+		reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_SOCKET_CLOSE)) ||
+	       (bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_TCP_CLOSE) &&
+		reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_TCP_CLOSE));
+}
+
 SEC("tp_btf/kfree_skb")
 int BPF_PROG(svt_drop, struct sk_buff *skb, void *location, enum skb_drop_reason reason)
 {
@@ -650,6 +732,12 @@ int BPF_PROG(svt_drop, struct sk_buff *skb, void *location, enum skb_drop_reason
 	__u32 svc_id;
 
 	if (BPF_CORE_READ(skb, protocol) != bpf_htons(ETH_P_IP))
+		return 0;
+	/* The normal end of a packet, not a drop (a closing socket freeing
+	 * what it queued): neither counted nor reported, but with every packet.
+	 * It was one more ring record per connection, and a "1 dropped" in
+	 * every healthy flow's counters. */
+	if (!targ_all_packets && is_benign_free(reason))
 		return 0;
 	nh = BPF_CORE_READ(skb, head) + BPF_CORE_READ(skb, network_header);
 	ct = ct_of_skb(skb);
@@ -695,6 +783,8 @@ int BPF_PROG(svt_drop, struct sk_buff *skb, void *location, enum skb_drop_reason
 		e->dir = ref->dir;
 	}
 	svt_submit(e);
+	if (st && !st->delivered)
+		st->delivered = 1;
 	return 0;
 }
 

@@ -52,13 +52,29 @@ bool SameTuple(const svt_tuple& a, const svt_tuple& b) {
 
 CtListener::CtListener(Napi::Env env, const std::string& netns_path, unsigned long netns_ino,
                        std::shared_ptr<const ServiceSet> services, int flows_map_fd, int state_map_fd,
-                       volatile unsigned long long* active_flows)
+                       int stale_destroys_fd, volatile unsigned long long* active_flows)
     : NetlinkListener(env, netns_path, NFNLGRP_CONNTRACK_DESTROY),
       netns_ino_(netns_ino),
       services_(std::move(services)),
       flows_map_fd_(flows_map_fd),
       state_map_fd_(state_map_fd),
+      stale_destroys_fd_(stale_destroys_fd),
       active_flows_(active_flows) {}
+
+// True when a destroy of this original tuple is still owed to an entry the
+// kernel saw replaced by a new one with the same tuple (svt_stale_destroys);
+// takes one off the count.
+bool CtListener::ConsumeStaleDestroy(const svt_tuple& orig) {
+  __u32 pending = 0;
+  if (bpf_map_lookup_elem(stale_destroys_fd_, &orig, &pending) != 0 || pending == 0) return false;
+  if (pending == 1) {
+    bpf_map_delete_elem(stale_destroys_fd_, &orig);
+  } else {
+    pending--;
+    bpf_map_update_elem(stale_destroys_fd_, &orig, &pending, BPF_EXIST);
+  }
+  return true;
+}
 
 void CtListener::Handle(const nlmsghdr* nlh) {
   {
@@ -88,6 +104,12 @@ void CtListener::Handle(const nlmsghdr* nlh) {
     }
     // The flow's final counters: its kernel address comes from the wire
     // tuple registry; the state's own tuple guards against a reused address.
+    if (ConsumeStaleDestroy(e.ct_orig)) {
+      // An older entry's destroy: a new entry took its tuple, and the
+      // state and wire tuples found through it are that entry's now. The
+      // old one's end was reported when it was replaced (SVT_STATS_REUSED).
+      return;
+    }
     svt_flow_ref ref;
     if (bpf_map_lookup_elem(flows_map_fd_, &e.ct_orig, &ref) == 0) {
       e.ct_id = ref.ct_id;

@@ -8,11 +8,15 @@
 // just before the destroy event.
 #pragma once
 
+#include <linux/types.h>
+
 #include <memory>
 #include <string>
 
 #include "netlink_listener.h"
 #include "service_set.h"
+
+struct svt_tuple;
 
 namespace svt {
 
@@ -21,16 +25,18 @@ class CtListener : public NetlinkListener {
   // `active_flows` is the BPF program's svt_active_flows (memory-mapped .bss).
   CtListener(Napi::Env env, const std::string& netns_path, unsigned long netns_ino,
              std::shared_ptr<const ServiceSet> services, int flows_map_fd, int state_map_fd,
-             volatile unsigned long long* active_flows);
+             int stale_destroys_fd, volatile unsigned long long* active_flows);
 
  protected:
   void Handle(const nlmsghdr* nlh) override;
 
  private:
+  bool ConsumeStaleDestroy(const svt_tuple& orig);
   unsigned long netns_ino_;
   std::shared_ptr<const ServiceSet> services_;
   int flows_map_fd_;
   int state_map_fd_;
+  int stale_destroys_fd_;
   volatile unsigned long long* active_flows_;
 };
 

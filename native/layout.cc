@@ -103,6 +103,7 @@ Napi::Value Layout(const Napi::CallbackInfo& info) {
   SVT_FIELD(fc, svt_flow_counters, last_drop_reason);
   SVT_FIELD(fc, svt_flow_counters, tcp_flags);
   SVT_FIELD(fc, svt_flow_counters, last_tcp_state);
+  SVT_FIELD(fc, svt_flow_counters, delivered);
   out.Set("svt_flow_counters", StructLayout(env, sizeof(svt_flow_counters), fc));
 
   Napi::Object fs = Napi::Object::New(env);

@@ -221,7 +221,8 @@ Napi::Value Tracer::AttachNetfilter(const Napi::CallbackInfo& info) {
 
   // Conntrack DESTROY events of this namespace: how flows are seen to end.
   auto listener = std::make_unique<CtListener>(env, path, NetnsInode(path), services_, bpf_map__fd(skel_->maps.svt_flows),
-                                               bpf_map__fd(skel_->maps.svt_flow_state), &skel_->bss->svt_active_flows);
+                                               bpf_map__fd(skel_->maps.svt_flow_state),
+                                               bpf_map__fd(skel_->maps.svt_stale_destroys), &skel_->bss->svt_active_flows);
 
   // The kernel refuses a second BPF program at the same hook and priority
   // (EBUSY): another svctrace holds them. Try the next distance from NAT,
@@ -303,6 +304,8 @@ Napi::Value Tracer::Stats(const Napi::CallbackInfo& info) {
   out.Set("ringbufLost", Napi::Number::New(env, (double)sums[SVT_CNT_RINGBUF_LOST]));
   out.Set("flowsStarted", Napi::Number::New(env, (double)sums[SVT_CNT_FLOWS]));
   out.Set("flowStateFull", Napi::Number::New(env, (double)sums[SVT_CNT_STATE_FULL]));
+  out.Set("flowsUnseen", Napi::Number::New(env, (double)sums[SVT_CNT_FLOWS_UNSEEN]));
+  out.Set("flowsUnseenReset", Napi::Number::New(env, (double)sums[SVT_CNT_FLOWS_UNSEEN_RESET]));
   out.Set("packetsCounted", Napi::Number::New(env, (double)sums[SVT_CNT_PACKETS]));
   out.Set("ringBufferBytes", Napi::Number::New(env, (double)ring_bytes_));
   out.Set("recordsRead", Napi::Number::New(env, reader_ ? (double)reader_->records_read() : 0));

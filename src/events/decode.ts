@@ -81,6 +81,8 @@ export interface FlowStatsRecord {
   netnsIno: number;
   /** OR of the TCP flags seen, per direction. */
   tcpFlags: [number, number];
+  /** Some record of this flow reached the ring buffer before this one (false: this is the first user space hears of it). */
+  delivered: boolean;
 }
 
 /** A decoded batch: the events, and the flows' counter records, each in kernel order. */
@@ -234,6 +236,7 @@ function decodeStatsAt(dv: DataView, b: Uint8Array, o: number): FlowStatsRecord 
     serviceId: dv.getUint32(c + C.service_id[0], true),
     netnsIno: dv.getUint32(c + C.netns_ino[0], true),
     tcpFlags: [dv.getUint8(c + C.tcp_flags[0]), dv.getUint8(c + C.tcp_flags[0] + 1)],
+    delivered: dv.getUint8(c + C.delivered[0]) !== 0,
   };
 }
 

@@ -83,6 +83,7 @@ export const FLOW_COUNTERS = {
     last_drop_reason: [96, 4],
     tcp_flags: [100, 2],
     last_tcp_state: [102, 1],
+    delivered: [103, 1],
   },
 } as const;
 

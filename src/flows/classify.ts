@@ -13,7 +13,7 @@ import type { Flow } from './types';
 import pb = svctrace.v1;
 const Stage = pb.Stage;
 
-/** Drop reasons that are normal end-of-life of a packet, not failures. */
+/** A packet's normal end, not a drop (the kernel reports these only with --all-packets: bpf/svctrace.bpf.c is_benign_free). */
 export const BENIGN_DROPS = new Set(['QUEUE_PURGE', 'SOCKET_CLOSE', 'TCP_CLOSE']);
 
 /** Names the classifier needs from outside the event. */

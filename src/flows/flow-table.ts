@@ -33,7 +33,9 @@ export class FlowTable implements FlowTableView {
   /** Flows by their packets as the backend receives them (after DNAT and SNAT): traces from a pod's namespace find their flow here. */
   private readonly byBackendTuple = new Map<string, Flow>();
   private nextId = 1;
-  private readonly opts: Required<Omit<FlowTableOptions, 'netnsName' | 'dropReasons'>> & Pick<FlowTableOptions, 'netnsName'>;
+  private readonly opts: Required<Omit<FlowTableOptions, 'netnsName' | 'dropReasons' | 'deliveredThrough'>> & Pick<FlowTableOptions, 'netnsName' | 'deliveredThrough'>;
+  /** deliveredThrough, read at most once per ingested batch. */
+  private deliveredThroughNow?: bigint;
   private readonly dropReasons: Record<string, string>;
   private readonly summaryCounters: FlowSummary = { flows: 0, closed: 0, perBackend: {}, dropsByReason: {}, dropFlowsByReason: {}, resets: 0, evicted: 0 };
   /** Rule traces that were waiting for a flow, emitted right after its first event. */
@@ -47,9 +49,10 @@ export class FlowTable implements FlowTableView {
     this.opts = {
       services: opts.services,
       netnsName: opts.netnsName,
-      closeGraceMs: opts.closeGraceMs ?? 5000,
+      closeGraceMs: opts.closeGraceMs ?? 2000,
       idleMs: opts.idleMs ?? 600_000,
       maxFlows: opts.maxFlows ?? 20_000,
+      deliveredThrough: opts.deliveredThrough,
     };
     this.dropReasons = opts.dropReasons ?? {};
   }
@@ -68,11 +71,7 @@ export class FlowTable implements FlowTableView {
   }
 
   summary(): FlowSummary {
-    const s = structuredClone(this.summaryCounters);
-    // A TCP connection in TIME_WAIT or CLOSE has ended, though conntrack
-    // keeps its entry a while (120 s for TIME_WAIT): count it closed.
-    for (const f of this.byKey.values()) if (!f.closed && f.proto === 6 && (f.tcpState === TCP_TIME_WAIT || f.tcpState === TCP_CLOSE)) s.closed++;
-    return s;
+    return structuredClone(this.summaryCounters);
   }
 
   private readonly serviceLabels = new Map<number, string>();
@@ -99,6 +98,7 @@ export class FlowTable implements FlowTableView {
   ingest(events: KernelEvent[], stats: FlowStatsRecord[] = []): Ingested[] {
     const sorted = events.length > 1 ? [...events].sort((a, b) => (a.tsNs < b.tsNs ? -1 : a.tsNs > b.tsNs ? 1 : 0)) : events;
     const out: Ingested[] = [];
+    this.deliveredThroughNow = undefined;
     for (const r of stats) {
       const i = this.applyStats(r);
       if (i) out.push(i);
@@ -123,16 +123,19 @@ export class FlowTable implements FlowTableView {
     // Counters of an earlier entry at a reused address never touch a newer
     // flow (the kernel writes them before the new entry's first event, so
     // the earlier flow, still in the table then, got them).
-    if (f && !sameTuple(f.orig, r.orig)) return undefined;
+    let detached = false;
+    if (f && !sameTuple(f.orig, r.orig)) {
+      // Another entry's record. The flow at the address ended before that
+      // entry began; or, older, is left be and the record's flow is made
+      // apart (when it is one to make: see unseen).
+      if (!this.unseen(r)) return undefined;
+      if (r.firstNs > f.firstTsNs) this.retire(f, r.firstNs);
+      else detached = true;
+      f = undefined;
+    }
     if (!f) {
-      if (r.reason === StatsReason.REUSED || r.reason === StatsReason.EXPIRED) return undefined; // long gone from the table
-      f = this.newFlow(key, { netnsIno: r.netnsIno, serviceId: r.serviceId, tsNs: r.firstNs, kind: EventKind.NF, ctReply: r.orig, ctId: r.ctId }, r.orig);
-      if (r.reason === StatsReason.CLOSED) {
-        // Its destroy came first (and found no flow): the entry is gone.
-        f.closed = true;
-        f.closedTsNs = r.tsNs;
-        this.summaryCounters.closed++;
-      }
+      if (!this.unseen(r)) return undefined;
+      f = this.newFlow(key, { netnsIno: r.netnsIno, serviceId: r.serviceId, tsNs: r.firstNs, kind: EventKind.NF, ctReply: r.orig, ctId: r.ctId }, r.orig, !detached);
     }
     f.packets = [r.packets[0], r.packets[1]];
     f.bytes = [r.bytes[0], r.bytes[1]];
@@ -140,6 +143,15 @@ export class FlowTable implements FlowTableView {
     if (r.lastNs > f.lastTsNs) f.lastTsNs = r.lastNs;
     const final = r.reason !== StatsReason.PERIODIC;
     if (final) f.countersFinal = true;
+    // The entry is gone: destroyed, or replaced by a new one (whose destroy
+    // is then not reported), or older than the entry now at its address.
+    // (Expired state is only idle: it may go on.)
+    if ((r.reason === StatsReason.CLOSED || r.reason === StatsReason.REUSED || detached) && !f.closed) {
+      f.closed = true;
+      f.closedTsNs = r.tsNs;
+      this.summaryCounters.closed++;
+    }
+    if (detached) this.retired.push(f); // to the sinks as ended, never in the table
     const entry: TimelineEntry = { tsNs: r.tsNs, stage: Stage.STAGE_UNSPECIFIED, milestone: false };
     const event: pb.IEvent = {
       tsNs: longFromBigint(wallNs(r.tsNs)),
@@ -163,8 +175,24 @@ export class FlowTable implements FlowTableView {
     return { flow: f, event, entry };
   }
 
-  private newFlow(key: number | string, e: Pick<KernelEvent, 'netnsIno' | 'serviceId' | 'tsNs' | 'kind' | 'ctReply' | 'ctId'>, orig: Tuple): Flow {
-    if (this.byKey.size >= this.opts.maxFlows) this.evictOldest();
+  /**
+   * Whether a record of a flow not in the table is the first we hear of
+   * that flow: no record of it reached the ring buffer before (the kernel's
+   * `delivered`), or some did and are still in the ring (the record came by
+   * netlink, ahead of a lagging ring). Otherwise the flow was here and left
+   * (closed, expired, evicted): its late record is not a new flow. (A
+   * TIME_WAIT entry's destroy comes two minutes after its flow closed.)
+   */
+  private unseen(r: FlowStatsRecord): boolean {
+    if (!r.delivered) return true;
+    if (!this.opts.deliveredThrough) return false;
+    this.deliveredThroughNow ??= this.opts.deliveredThrough();
+    return r.lastNs > this.deliveredThroughNow;
+  }
+
+  /** A flow, counted; in the table unless `indexed` is false (then the caller hands it to the sinks). */
+  private newFlow(key: number | string, e: Pick<KernelEvent, 'netnsIno' | 'serviceId' | 'tsNs' | 'kind' | 'ctReply' | 'ctId'>, orig: Tuple, indexed = true): Flow {
+    if (indexed && this.byKey.size >= this.opts.maxFlows) this.evictOldest();
     const tupleIndexKey = flat(`${e.netnsIno}|${tupleKey(orig)}`);
     const f: Flow = {
       id: this.nextId++,
@@ -194,8 +222,10 @@ export class FlowTable implements FlowTableView {
       rulePath: [],
       seen: [],
     };
-    this.byKey.set(key, f);
-    this.byTuple.set(tupleIndexKey, f);
+    if (indexed) {
+      this.byKey.set(key, f);
+      this.byTuple.set(tupleIndexKey, f);
+    }
     this.summaryCounters.flows++;
     return f;
   }
@@ -357,7 +387,9 @@ export class FlowTable implements FlowTableView {
       // destroyed. The closed entry's own first packets can come later
       // than its end: its destroy and final counters travel by netlink,
       // which may overtake a ring buffer that is seconds behind in a storm.
-      const reused = f?.closed && isNewEntry && (f.closedTsNs === undefined || e.tsNs > f.closedTsNs);
+      // A new entry with the same tuple at the same address (a client
+      // reusing its port) is told apart by the old one's confirmation.
+      const reused = f && isNewEntry && ((f.status & IPS_CONFIRMED) !== 0 || (f.closed && (f.closedTsNs === undefined || e.tsNs > f.closedTsNs)));
       if (f && sameEntry && !reused) return f;
       if (f) this.retire(f, e.tsNs); // the address was reused by a new entry
       if (e.kind !== EventKind.NF && e.kind !== EventKind.DROP) return undefined; // nothing to anchor a new flow on
@@ -423,7 +455,12 @@ export class FlowTable implements FlowTableView {
       f.drops.push(fx.drop);
       c.dropsByReason[fx.drop] = (c.dropsByReason[fx.drop] ?? 0) + 1;
     }
-    if (fx.closed && !f.closed) {
+    // A TCP connection in TIME_WAIT or CLOSE has ended, though conntrack
+    // keeps its entry a while (120 s for TIME_WAIT): it is closed, and
+    // leaves the table after the grace period like a destroyed one (the
+    // kernel wrote its counters when it entered that state).
+    const tcpOver = f.proto === 6 && (f.tcpState === TCP_TIME_WAIT || f.tcpState === TCP_CLOSE);
+    if ((fx.closed || tcpOver) && !f.closed) {
       f.closed = true;
       f.closedTsNs = e.tsNs;
       this.summaryCounters.closed++;

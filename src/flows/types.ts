@@ -75,12 +75,18 @@ export interface FlowTableOptions {
   services: ServiceSpec[];
   dropReasons?: Record<string, string>;
   netnsName?: (inode: number) => string | undefined;
-  /** How long a closed flow stays before it is expired (default 5 s). */
+  /** How long a closed flow stays before it is expired, by the kernel time delivered (default 2 s: its entry is gone, and its events came before its end). */
   closeGraceMs?: number;
   /** Flows with no event for this long are expired (default 10 min). */
   idleMs?: number;
   /** At most this many flows are kept; the oldest go first (default 20k). */
   maxFlows?: number;
+  /**
+   * Kernel time up to which the ring buffer has been delivered (a live
+   * tracer's; without it, records are taken to arrive in order). A flow's
+   * last record from netlink can overtake the flow's events in the ring.
+   */
+  deliveredThrough?: () => bigint;
 }
 
 export interface FlowSummary {

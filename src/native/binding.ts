@@ -53,6 +53,10 @@ export interface NativeStats {
   flowsStarted: number;
   /** Flows the kernel could not keep counters for (svt_flow_state full). */
   flowStateFull: number;
+  /** Flows none of whose records fit the ring buffer, their final counters included: seen by no output. */
+  flowsUnseen: number;
+  /** Of those, the ones a TCP reset ended (connection attempts, mostly). */
+  flowsUnseenReset: number;
   /** Packets of tracked flows counted in the kernel (never reported one by one). */
   packetsCounted: number;
   ringBufferBytes: number;

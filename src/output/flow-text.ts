@@ -99,7 +99,8 @@ export class FlowTextPrinter {
 
 /** The summary printed when a trace ends (Ctrl-C or --duration). */
 export function formatSummary(s: FlowSummary, stats: TracerStats, backendName: (addr: string) => string | undefined = () => undefined): string {
-  const lines = [`summary: ${s.flows} flows (${s.closed} closed), ${s.resets} reset`];
+  const unseen = stats.flowsUnseen ?? 0;
+  const lines = [`summary: ${s.flows} flows (${s.closed} closed), ${s.resets} reset${unseen ? `; ${unseen} more flows lost whole (${stats.flowsUnseenReset ?? 0} of them reset; the ring buffer was full for every record of theirs)` : ''}`];
   const backends = Object.entries(s.perBackend).sort((a, b) => b[1] - a[1]);
   if (backends.length) {
     lines.push('  new flows per backend:');

@@ -161,6 +161,7 @@ export class Pipeline {
         netnsName: (ino) => names.name(ino),
         closeGraceMs: opts.closeGraceMs,
         maxFlows: opts.maxFlows,
+        deliveredThrough: () => tracer!.deliveredThrough(),
       });
       p = new Pipeline(tracer, table, names, opts.services, netns, discovery, cluster, warn);
       p.sinks = new SinkSet(await makeSinks(p.context()), warn);

@@ -10,6 +10,12 @@ export interface StageLosses {
   ring_buffer: number;
   /** Flows the kernel could not keep counters for (its flow-state map was full). */
   flow_state: number;
+  /**
+   * Flows none of whose records fit the ring buffer, final counters
+   * included, so no output shows them. A count of flows, whose events are
+   * already in ring_buffer: not added to the total of events lost.
+   */
+  flows_unseen: number;
   /** Conntrack destroy messages the netlink socket could not queue (ENOBUFS). */
   conntrack_netlink: number;
   /** nftables trace messages the netlink socket could not queue. */
@@ -23,9 +29,10 @@ export interface StageLosses {
 }
 
 /** The kernel source's losses (the stages the addon and the kernel count). */
-export function kernelLosses(s: NativeStats): Pick<StageLosses, 'ring_buffer' | 'flow_state' | 'conntrack_netlink' | 'rule_trace_netlink' | 'shutdown'> {
+export function kernelLosses(s: NativeStats): Pick<StageLosses, 'ring_buffer' | 'flows_unseen' | 'flow_state' | 'conntrack_netlink' | 'rule_trace_netlink' | 'shutdown'> {
   return {
     ring_buffer: s.ringbufLost,
+    flows_unseen: s.flowsUnseen ?? 0,
     flow_state: s.flowStateFull,
     conntrack_netlink: s.ctOverruns,
     rule_trace_netlink: s.ruleTraceOverruns,
@@ -34,7 +41,7 @@ export function kernelLosses(s: NativeStats): Pick<StageLosses, 'ring_buffer' | 
 }
 
 export function totalLost(l: Partial<StageLosses>): number {
-  return Object.values(l).reduce((n: number, v) => n + (v ?? 0), 0);
+  return Object.entries(l).reduce((n: number, [k, v]) => (k === 'flows_unseen' ? n : n + (v ?? 0)), 0);
 }
 
 /** "ring_buffer=3 flow_table=1" for the stages that lost something; '' when none did. */

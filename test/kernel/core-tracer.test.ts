@@ -63,7 +63,11 @@ describe('core tracer (kernel)', () => {
     await sleep(2500);
     await lab.reapConntrack();
     const ports = served.map((s) => Number(s.client.split(':')[1]));
-    assert.ok(await waitFor(() => ports.every((p) => log.flowByClientPort(p, web.clusterIP)?.closed), 5000), 'every flow was destroyed');
+    const destroyed = (p: number) => {
+      const f = log.flowByClientPort(p, web.clusterIP);
+      return f !== undefined && log.stages(f, S.STAGE_CLOSE).length > 0;
+    };
+    assert.ok(await waitFor(() => ports.every(destroyed), 5000), 'every flow was destroyed');
 
     const perBackend = new Map<string, number>();
     for (const s of served) {

@@ -18,7 +18,7 @@ const dnated: Tuple = { saddr: '10.244.1.1', daddr: '10.244.1.12', sport: 40000,
 function stats(over: Partial<FlowStatsRecord>): FlowStatsRecord {
   return {
     tsNs: 500n, ctId: 'ffff1', ctKey: ctKeyOf(over.ctId ?? 'ffff1'), reason: StatsReason.PERIODIC, packets: [0, 0], bytes: [0, 0], drops: 0, firstNs: 100n, lastNs: 500n,
-    orig, serviceId: 1, netnsIno: 111, tcpFlags: [0, 0], ...over,
+    orig, serviceId: 1, netnsIno: 111, tcpFlags: [0, 0], delivered: true, ...over,
   };
 }
 
@@ -64,12 +64,63 @@ describe('FlowTable', () => {
     assert.equal(f.lastTsNs, 5_000_000_000n, 'a quiet flow stays alive through its counters');
     // A flow whose events were lost (full ring) still exists through its counters.
     const lone: Tuple = { ...orig, sport: 40005 };
-    const [i] = t.ingest([], [stats({ ctId: 'ffff9', orig: lone, packets: [3, 2], reason: StatsReason.CLOSED })]);
+    const [i] = t.ingest([], [stats({ ctId: 'ffff9', orig: lone, packets: [3, 2], reason: StatsReason.CLOSED, delivered: false })]);
     assert.equal(i!.flow.orig.sport, 40005);
     assert.equal(t.summary().flows, 2);
     // Counters of a previous entry at a reused address never touch the new flow.
     t.ingest([], [stats({ orig: lone, packets: [9, 9], reason: StatsReason.REUSED })]);
     assert.deepEqual(f.packets, [1000, 1000]);
+  });
+
+  it('makes a flow from the last record of an entry none of whose records arrived before, and only then', () => {
+    const t = table();
+    const a: Tuple = { ...orig, sport: 41001 };
+    const b: Tuple = { ...orig, sport: 41002 };
+    const c: Tuple = { ...orig, sport: 41003 };
+    // A flow that was delivered and has left the table: its late last record is not a new flow.
+    t.ingest([], [stats({ ctId: 'fff01', orig: a, reason: StatsReason.REUSED, delivered: true })]);
+    t.ingest([], [stats({ ctId: 'fff02', orig: a, reason: StatsReason.EXPIRED, delivered: true })]);
+    assert.equal(t.summary().flows, 0);
+    // Never delivered: its last record is the only account of it, and it is ended.
+    const [i] = t.ingest([], [stats({ ctId: 'fff03', orig: a, reason: StatsReason.REUSED, delivered: false, packets: [2, 1], firstNs: 100n })]);
+    assert.equal(t.summary().flows, 1);
+    assert.equal(i!.flow.closed, true);
+    assert.deepEqual(i!.flow.packets, [2, 1]);
+    // The flow at the address (a) started before the unseen entry (b): a ended first and is retired.
+    t.ingest([], [stats({ ctId: 'fff03', orig: b, reason: StatsReason.REUSED, delivered: false, firstNs: 200n })]);
+    assert.equal(t.summary().flows, 2);
+    assert.deepEqual(t.takeRetired().map((f) => f.orig.sport), [41001]);
+    assert.equal(t.flows()[0]!.orig.sport, 41002);
+    // An unseen entry older than the flow at its address: counted and handed on, the newer flow stays.
+    t.ingest([], [stats({ ctId: 'fff03', orig: c, reason: StatsReason.EXPIRED, delivered: false, firstNs: 150n })]);
+    assert.equal(t.summary().flows, 3);
+    assert.deepEqual(t.takeRetired().map((f) => [f.orig.sport, f.closed]), [[41003, true]]);
+    assert.equal(t.flows().length, 1);
+    assert.equal(t.flows()[0]!.orig.sport, 41002);
+    assert.deepEqual(t.indexSizes(), { byKey: 1, byTuple: 1, byBackendTuple: 0 });
+  });
+
+  it('a closed flow that left the table is not made again by its late destroy, unless the ring is still behind it', () => {
+    let through = 10_000n;
+    const t = new FlowTable({ services: [parseServiceSpec('10.96.0.100:80')], closeGraceMs: 1, deliveredThrough: () => through });
+    const a: Tuple = { ...orig, sport: 42001 };
+    t.ingest([ev({ tsNs: 100n, ctId: 'fff11', ctOrig: a, pkt: a })]);
+    t.ingest([ev({ tsNs: 300n, kind: EventKind.CT_DESTROY, ctId: '', ctOrig: a, pkt: a })]);
+    assert.equal(t.flows()[0]!.closed, true);
+    t.expire(10_000_000n);
+    assert.equal(t.size, 0);
+    // Its counters come again later (a snapshot, a record that lost a race with the destroy): no new flow.
+    t.ingest([], [stats({ ctId: 'fff11', orig: a, reason: StatsReason.PERIODIC, firstNs: 100n, lastNs: 200n, tsNs: 9_000n })]);
+    t.ingest([], [stats({ ctId: 'fff11', orig: a, reason: StatsReason.CLOSED, firstNs: 100n, lastNs: 200n, tsNs: 9_000n })]);
+    assert.equal(t.summary().flows, 1);
+    // A destroy that overtook its flow's events (still in the ring): the flow is made now, its events join it.
+    const b: Tuple = { ...orig, sport: 42002 };
+    through = 400n;
+    t.ingest([], [stats({ ctId: 'fff12', orig: b, reason: StatsReason.CLOSED, firstNs: 500n, lastNs: 600n, tsNs: 700n, packets: [5, 4] })]);
+    assert.equal(t.summary().flows, 2);
+    t.ingest([ev({ tsNs: 500n, ctId: 'fff12', ctOrig: b, pkt: b })]);
+    assert.equal(t.summary().flows, 2);
+    assert.deepEqual(t.flows().find((f) => f.orig.sport === 42002)!.packets, [5, 4]);
   });
 
   it('orders a batch by kernel time', () => {
@@ -86,7 +137,7 @@ describe('FlowTable', () => {
   });
 
   it('keeps a connection one flow when its end (netlink) arrives before its first packets (ring buffer behind)', () => {
-    const t = table();
+    const t = new FlowTable({ services: [parseServiceSpec('10.96.0.100:80')], closeGraceMs: 1000, deliveredThrough: () => 50n });
     // Destroy and final counters first: no flow knows the entry yet.
     t.ingest([ev({ tsNs: 900n, kind: EventKind.CT_DESTROY, ctId: '' })], [stats({ tsNs: 900n, reason: StatsReason.CLOSED, packets: [6, 4], firstNs: 100n, lastNs: 890n })]);
     assert.equal(t.summary().flows, 1);
