@@ -191,7 +191,7 @@ function renderHealth(): void {
   const drops = Object.entries(s?.dropsByReason ?? {});
   $('h-drops').textContent = drops.length ? drops.map(([r, n]) => `${r}=${String(n)}`).join(' ') : 'none';
   $('diagnoses').innerHTML = store.diagnoses
-    .map((d) => `<li class="diag ${esc(d.severity)}" data-testid="diagnosis" data-code="${esc(d.code)}"><b>${esc(d.code)}</b>${d.layer ? ` <i>(${esc(d.layer)})</i>` : ''} ${esc(d.service)}: ${esc(d.summary)}</li>`)
+    .map((d) => `<li class="diag ${esc(d.severity)}" data-testid="diagnosis" data-code="${esc(d.code)}"><b>${esc(d.code)}</b>${d.layer ? ` <i>(${esc(d.layer)})</i>` : ''} ${esc(d.service)}${d.object ? ` <span class="object">${esc(d.object)}</span>` : ''}: ${esc(d.summary)}</li>`)
     .join('');
 }
 

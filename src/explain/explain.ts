@@ -4,6 +4,7 @@
  * affinity, route and neighbour to each backend — the diagnoses that follow,
  * and with `watch` the live distribution compared with the rules.
  */
+import crypto from 'node:crypto';
 import { SvctraceError } from '../errors';
 import type { Flow } from '../flows/types';
 import { discover } from '../discovery/discover';
@@ -13,8 +14,8 @@ import { CURRENT_NETNS, resolveNetns, runInNetns } from '../netns/netns';
 import { Pipeline } from '../pipeline/pipeline';
 import { waitForStop } from '../pipeline/lifecycle';
 import { ApiEndpoint, Cluster } from '../k8s/cluster';
-import { BackendState, Diagnosis, diagnoseApi, diagnoseBackends, diagnoseConntrack, diagnoseRules, diagnoseTraffic, ObservedTraffic, observeFlows, ProbeOutcome } from './diagnose';
-import { conntrackPressure, neighbour, routeTo } from './node-state';
+import { BackendState, Diagnosis, diagnoseApi, diagnoseBackends, diagnoseConntrack, diagnoseRules, diagnoseTraffic, BackendView, ObservedTraffic, observeFlows, ProbeOutcome } from './diagnose';
+import { backendView, conntrackPressure, neighbour, routeTo } from './node-state';
 
 export interface ExplainOptions {
   target: string;
@@ -39,12 +40,13 @@ export interface Explanation {
 }
 
 /**
- * The probe, run inside the namespace: a TCP connect whose exit code says
- * how it ended (0 accepted, 3 refused, 2 timed out, 4 unreachable, 1 other).
- * 5 s: a host that does not answer ARP is reported unreachable after about
- * 3 s of neighbour probes; a filtered port only times out.
+ * The probe, run inside the namespace: a TCP connect from a given local
+ * port, whose exit code says how it ended (0 accepted, 3 refused, 2 timed
+ * out, 4 unreachable, 5 local port taken, 1 other). 5 s: a host that does
+ * not answer ARP is reported unreachable after about 3 s of neighbour
+ * probes; a filtered port only times out.
  */
-const PROBE = `const s=require('net').connect(Number(process.argv[2]),process.argv[1]);s.setTimeout(5000);s.on('connect',()=>process.exit(0));s.on('error',(e)=>process.exit(e.code==='ECONNREFUSED'?3:e.code==='EHOSTUNREACH'||e.code==='ENETUNREACH'?4:1));s.on('timeout',()=>process.exit(2));`;
+const PROBE = `const s=require('net').connect({host:process.argv[1],port:Number(process.argv[2]),localPort:Number(process.argv[3])});s.setTimeout(5000);s.on('connect',()=>process.exit(0));s.on('error',(e)=>process.exit(e.code==='ECONNREFUSED'?3:e.code==='EHOSTUNREACH'||e.code==='ENETUNREACH'?4:e.code==='EADDRINUSE'?5:1));s.on('timeout',()=>process.exit(2));`;
 const PROBE_OUTCOMES: Record<number, ProbeOutcome> = { 0: 'ok', 3: 'refused', 2: 'timeout', 4: 'unreachable' };
 
 /**
@@ -52,13 +54,30 @@ const PROBE_OUTCOMES: Record<number, ProbeOutcome> = { 0: 'ok', 3: 'refused', 2:
  * an address where no pod is left (a neighbour entry can still say
  * REACHABLE for a while after the pod went): a second connect, to port 1,
  * which nothing serves, is refused by a live host and unanswered otherwise.
+ * A refusal is a TCP reset (nothing listens) or an ICMP port-unreachable
+ * (a firewall's REJECT: a TCP stack never sends one); the socket says
+ * ECONNREFUSED for both, conntrack tells them apart: a reset closes the
+ * probe's entry, an ICMP error leaves it in SYN_SENT.
  */
 async function probeBackend(netns: string, ip: string, port: number): Promise<ProbeOutcome> {
-  const run = async (p: number) => PROBE_OUTCOMES[(await runInNetns(netns, [process.execPath, '-e', PROBE, ip, String(p)])).code] ?? 'error';
+  const run = async (p: number): Promise<{ outcome: ProbeOutcome; localPort: number }> => {
+    for (let attempt = 0; ; attempt++) {
+      const localPort = 40_000 + crypto.randomInt(20_000);
+      const code = (await runInNetns(netns, [process.execPath, '-e', PROBE, ip, String(p), String(localPort)])).code;
+      if (code !== 5 || attempt >= 3) return { outcome: PROBE_OUTCOMES[code] ?? 'error', localPort };
+    }
+  };
   const first = await run(port);
-  if (first !== 'timeout' || port === 1) return first;
-  const other = await run(1);
+  if (first.outcome === 'refused') return (await refusedByIcmp(netns, ip, port, first.localPort)) ? 'rejected' : 'refused';
+  if (first.outcome !== 'timeout' || port === 1) return first.outcome;
+  const other = (await run(1)).outcome;
   return other === 'refused' || other === 'ok' ? 'timeout' : 'silent';
+}
+
+/** The probe's conntrack entry is still waiting for an answer (SYN_SENT): the refusal was an ICMP error, not a reset. */
+async function refusedByIcmp(netns: string, ip: string, port: number, localPort: number): Promise<boolean> {
+  const r = await runInNetns(netns, ['conntrack', '-L', '-p', 'tcp', '-d', ip, '--dport', String(port), '--sport', String(localPort)]);
+  return r.code === 0 && /\bSYN_SENT\b/.test(r.stdout);
 }
 
 /** Resolves `ns/name[:port]` or `IP:port[/proto]` to the discovered services it names. */
@@ -85,14 +104,30 @@ export async function explain(opts: ExplainOptions): Promise<Explanation[]> {
   const pressure = await conntrackPressure(netns);
   const cluster = await Cluster.start({ kubeconfig: opts.kubeconfig, onWarning: opts.onWarning });
   const out: Explanation[] = [];
+  const views = new Map<DiscoveredService, BackendView | undefined>();
   for (const svc of services) {
     const backends: BackendState[] = await Promise.all(
       svc.endpoints.map(async (e) => {
         const b: BackendState = { ip: e.ip, port: e.port, route: await routeTo(netns, e.ip), neighbour: await neighbour(netns, e.ip) };
-        if (opts.probe && svc.proto === 'tcp') b.probe = await probeBackend(netns, e.ip, e.port);
+        if (opts.probe && svc.proto === 'tcp') {
+          b.probe = await probeBackend(netns, e.ip, e.port);
+          // The probe made the node resolve the address: what ARP said is known now.
+          if (b.probe !== 'ok') b.neighbour = await neighbour(netns, e.ip);
+        }
         return b;
       }),
     );
+    // Who holds each address here tells a gone pod from a deaf or misrouted one: looked up when something may have failed.
+    const mayFail = opts.probe || opts.watchSeconds || backends.some((b) => !b.route.ok || ['FAILED', 'INCOMPLETE'].includes(b.neighbour.state));
+    const view = mayFail ? await backendView(netns, svc.endpoints.map((e) => ({ ip: e.ip, port: e.port, proto: svc.proto }))) : undefined;
+    if (view) {
+      for (const b of backends) {
+        b.holder = view.holderOf(b.ip);
+        b.replyPath = view.replyPathOf(b.ip, b.port);
+        b.tunnel = view.tunnelOf(b.ip);
+      }
+    }
+    views.set(svc, view);
     const api = cluster ? apiEndpointsFor(cluster, svc) : undefined;
     out.push({
       target: `${svc.clusterIP}:${svc.port}/${svc.proto}`,
@@ -105,7 +140,7 @@ export async function explain(opts: ExplainOptions): Promise<Explanation[]> {
     });
   }
   await cluster?.stop();
-  if (opts.watchSeconds) await watch(out, netns, d, opts.watchSeconds, opts.onWarning);
+  if (opts.watchSeconds) await watch(out, netns, d, opts.watchSeconds, (s) => views.get(s), opts.onWarning);
   return out;
 }
 
@@ -116,7 +151,7 @@ function apiEndpointsFor(cluster: Cluster, svc: DiscoveredService): ApiEndpoint[
 }
 
 /** Traces the services for a while and adds what the traffic showed. */
-async function watch(exps: Explanation[], netns: string, d: Discovery, seconds: number, onWarning?: (m: string) => void): Promise<void> {
+async function watch(exps: Explanation[], netns: string, d: Discovery, seconds: number, viewOf: (s: DiscoveredService) => BackendView | undefined, onWarning?: (m: string) => void): Promise<void> {
   const svcs = exps.map((e) => e.service!).filter(Boolean);
   if (!svcs.length) return;
   // Flows that ended early (their conntrack address taken by the next connection) leave the table: kept here.
@@ -141,7 +176,9 @@ async function watch(exps: Explanation[], netns: string, d: Discovery, seconds: 
     const s = e.service;
     if (!s) continue;
     e.observed = observeFlows(s, flows, seconds);
-    e.diagnoses.push(...diagnoseTraffic(s, e.observed));
+    // The traffic's diagnoses of a backend replace a guess from its probe with what the kernel saw (same code: one of them).
+    const seen = diagnoseTraffic(s, e.observed, viewOf(s));
+    e.diagnoses = [...e.diagnoses.filter((x) => !seen.some((y) => y.code === x.code && y.object === x.object)), ...seen];
   }
 }
 
@@ -187,7 +224,7 @@ export function formatExplanation(e: Explanation): string {
   if (e.observed) L.push(`  watched ${e.observed.seconds} s: ${e.observed.flows} new connections, ${e.observed.masqueraded} masqueraded, ${e.observed.notDnated} not DNATed`);
   L.push(e.diagnoses.length ? '  diagnoses:' : '  diagnoses: none');
   for (const d of e.diagnoses) {
-    L.push(`    [${d.severity.toUpperCase()}] ${d.code}${d.layer ? ` (${d.layer})` : ''}: ${d.summary}`);
+    L.push(`    [${d.severity.toUpperCase()}] ${d.code}${d.layer ? ` (${d.layer})` : ''}${d.object ? ` ${d.object}` : ''}: ${d.summary}`);
     for (const ev of d.evidence) L.push(`        evidence: ${ev}`);
   }
   return L.join('\n');

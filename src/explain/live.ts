@@ -8,7 +8,7 @@ import { DiscoveredService } from '../discovery/model';
 import type { Flow, Ingested } from '../flows/types';
 import { serviceLabel } from '../flows/service-ids';
 import { parseServiceSpec } from '../net/ipv4';
-import { Diagnosis, diagnoseRules, diagnoseTraffic, observeFlows } from './diagnose';
+import { BackendView, Diagnosis, diagnoseRuleConsistency, diagnoseRules, diagnoseTraffic, observeFlows } from './diagnose';
 
 export interface LiveDiagnosis extends Diagnosis {
   service: string;
@@ -24,8 +24,10 @@ export class LiveDiagnoser {
   private readonly lastSaid = new Map<string, { at: number; summary: string }>();
   private readonly timer: NodeJS.Timeout;
   private pending = new Set<Flow>();
-  /** The rules' diagnoses: in effect for the whole run. */
+  /** The rules' diagnoses (and the node's, like conntrack pressure): in effect for the whole run. */
   private readonly fromRules: LiveDiagnosis[];
+  /** The node's routes to backends and who holds their addresses (set once looked up). */
+  view?: BackendView;
 
   constructor(
     private readonly services: DiscoveredService[],
@@ -35,7 +37,9 @@ export class LiveDiagnoser {
     /** Every window: all diagnoses in effect (the rules' and the window's), repeated ones included (metrics). */
     private readonly onActive?: (active: LiveDiagnosis[]) => void,
   ) {
-    const initial = services.flatMap((s) => diagnoseRules(s, s.name, masqueradeRule).filter((d) => d.severity !== 'info').map((d) => this.tag(s, d)));
+    const initial = services.flatMap((s) =>
+      [...diagnoseRules(s, s.name, masqueradeRule), ...diagnoseRuleConsistency(s)].filter((d) => d.severity !== 'info').map((d) => this.tag(s, d)),
+    );
     this.fromRules = initial;
     this.onActive?.(initial);
     this.emit(initial);
@@ -65,6 +69,14 @@ export class LiveDiagnoser {
     if (fresh.length) this.report(fresh);
   }
 
+  /** Diagnoses that hold for the whole run, found after the start (the node's state, traced services missing from the rules). */
+  addStanding(ds: LiveDiagnosis[]): void {
+    if (!ds.length) return;
+    this.fromRules.push(...ds);
+    this.onActive?.([...this.fromRules]);
+    this.emit(ds);
+  }
+
   /** Feeds the flows the tracer just saw. */
   observe(items: Ingested[]): void {
     for (const { flow } of items) if (this.pending.size < MAX_PENDING) this.pending.add(flow);
@@ -82,13 +94,15 @@ export class LiveDiagnoser {
     const out: LiveDiagnosis[] = [];
     for (const s of this.services) {
       const t = observeFlows(s, flows, this.windowMs / 1000);
-      if (t.flows) out.push(...diagnoseTraffic(s, t).map((d) => this.tag(s, d)));
+      if (t.flows) out.push(...diagnoseTraffic(s, t, this.view).map((d) => this.tag(s, d)));
     }
     this.onActive?.([...this.fromRules, ...out]);
     this.emit(out);
   }
 
+  /** Stops; the flows old enough to judge are judged first (a short trace still gets its diagnoses). */
   stop(): void {
     clearInterval(this.timer);
+    this.tick();
   }
 }

@@ -26,6 +26,8 @@ export interface ClassifyContext {
 export interface FlowEffects {
   /** A TCP RST was seen (the flow's first one counts in the summary). */
   reset?: boolean;
+  /** The reset came from the backend (reply direction). */
+  backendReset?: boolean;
   /** An ICMP error kind seen for the first time in this flow. */
   icmpError?: string;
   /** A drop that is a failure (not a benign free), by reason name. */
@@ -62,7 +64,7 @@ function once(f: Flow, key: string): { milestone: boolean; seenKey: string } {
  */
 export function classifyEvent(f: Flow, e: KernelEvent, ctx: ClassifyContext): Classification {
   if (e.pkt.proto === 6 && e.tcpFlags & 0x04 && e.kind !== EventKind.FIB) {
-    return { stage: Stage.STAGE_DROP, milestone: !f.reset, effects: { reset: true } };
+    return { stage: Stage.STAGE_DROP, milestone: !f.reset, effects: e.dir === Dir.REPLY ? { reset: true, backendReset: true } : { reset: true } };
   }
   if (e.pkt.proto === 1 && e.icmpType === 3 && e.kind !== EventKind.FIB) {
     const m = once(f, `icmp:${e.icmpCode}`);

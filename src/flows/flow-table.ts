@@ -11,7 +11,7 @@
  */
 import { svctrace } from '../gen/svctrace';
 import { FlowStatsRecord, KernelEvent, RuleTrace, Tuple } from '../events/decode';
-import { EventKind, StatsReason } from '../events/layout';
+import { Dir, EventKind, StatsReason } from '../events/layout';
 import { IPS_CONFIRMED, IPS_DST_NAT, IPS_SRC_NAT } from '../events/conntrack';
 import { wallNs } from '../clock';
 import { TCP_CT_STATES } from '../events/conntrack';
@@ -446,9 +446,14 @@ export class FlowTable implements FlowTableView {
     if (fx.reset) {
       if (!f.reset) this.summaryCounters.resets++;
       f.reset = true;
+      if (fx.backendReset) f.backendReset = true;
     }
     if (fx.icmpError) f.icmpErrors.push(fx.icmpError);
     if (fx.backendNetns) f.backendNetns = fx.backendNetns;
+    if (fx.drop && e.dir === Dir.REPLY && (f.replyDrops?.length ?? 0) < 4) {
+      const where = `${fx.drop} at ${e.ifname || '?'} in ${this.opts.netnsName?.(e.netnsIno) ?? `netns ${e.netnsIno}`}`;
+      if (!f.replyDrops?.includes(where)) (f.replyDrops ??= []).push(where);
+    }
     if (fx.drop) {
       const c = this.summaryCounters;
       if (!f.drops.includes(fx.drop)) c.dropFlowsByReason[fx.drop] = (c.dropFlowsByReason[fx.drop] ?? 0) + 1;

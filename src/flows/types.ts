@@ -54,7 +54,11 @@ export interface Flow {
   closed: boolean;
   closedTsNs?: bigint;
   drops: string[];
+  /** Drops of reply packets (the backend answered; the answer was lost on its way back): "REASON at DEV in NETNS", a few at most. */
+  replyDrops?: string[];
   reset: boolean;
+  /** The backend sent the reset (reply direction): nothing listened, or it aborted. */
+  backendReset?: boolean;
   icmpErrors: string[];
   /** The kube-proxy chains the first packet went through (nftables trace), when observed. */
   rulePath: string[];

@@ -198,10 +198,20 @@ export function renderNftKubeProxy(services: KubeService[], opts: { clusterCIDR:
   chain('nat-postrouting', ['type nat hook postrouting priority srcnat; policy accept;', 'jump masquerading']);
   for (const s of withEp) {
     const eps = s.endpoints.map((ep) => nftEndpointChain(s, ep));
+    // sessionAffinity: ClientIP, as kube-proxy writes it: a timed set of
+    // client addresses per endpoint, checked before the random pick and
+    // updated by the endpoint chain.
+    const affinity = (c: string) => `affinity-${c.slice('endpoint-'.length)}`;
+    if (s.affinitySeconds) {
+      for (const c of eps) L.push(`	set ${affinity(c)} {`, '		type ipv4_addr', '		flags dynamic,timeout', `		timeout ${s.affinitySeconds}s`, '	}');
+    }
+    const sticky = s.affinitySeconds ? eps.map((c) => `ip saddr @${affinity(c)} goto ${c}`) : [];
     const pick = eps.length === 1 ? `goto ${eps[0]}` : `numgen random mod ${eps.length} vmap { ${eps.map((c, i) => `${i} : goto ${c}`).join(', ')} }`;
-    chain(nftServiceChain(s), [`ip daddr ${s.clusterIP} ${s.proto} dport ${s.port} ip saddr != ${opts.clusterCIDR} jump mark-for-masquerade`, pick]);
+    chain(nftServiceChain(s), [`ip daddr ${s.clusterIP} ${s.proto} dport ${s.port} ip saddr != ${opts.clusterCIDR} jump mark-for-masquerade`, ...sticky, pick]);
     if (s.nodePort) chain(nftExternalChain(s), ['jump mark-for-masquerade', `goto ${nftServiceChain(s)}`]);
-    s.endpoints.forEach((ep, i) => chain(eps[i]!, [`ip saddr ${ep.ip} jump mark-for-masquerade`, `meta l4proto ${s.proto} dnat to ${ep.ip}:${ep.port}`]));
+    s.endpoints.forEach((ep, i) =>
+      chain(eps[i]!, [`ip saddr ${ep.ip} jump mark-for-masquerade`, ...(s.affinitySeconds ? [`update @${affinity(eps[i]!)} { ip saddr }`] : []), `meta l4proto ${s.proto} dnat to ${ep.ip}:${ep.port}`]),
+    );
   }
   L.push('}', '');
   return L.join('\n');

@@ -10,6 +10,7 @@
 import { ChildProcess, execFileSync, spawn } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import readline from 'node:readline';
 import { SvctraceError } from '../errors';
@@ -252,6 +253,7 @@ export class Lab {
     if (opts.remoteNode) await this.buildRemoteNode();
 
     this.services = opts.services ?? labServices(this.pods, this.remotePod);
+    this.builtServices = structuredClone(this.services);
     this.proxyMode = opts.proxyMode ?? 'iptables';
     await this.loadRules({ masquerade: opts.masquerade !== false });
     const all = this.remotePod ? [...this.pods, this.remotePod] : this.pods;
@@ -303,9 +305,14 @@ export class Lab {
   }
 
   proxyMode: 'iptables' | 'nftables' | 'iptables-legacy' = 'iptables';
+  /** Whether the loaded rules have kube-proxy's MASQUERADE rule. */
+  masquerade = true;
+  /** The services the lab was built with (resetRules). */
+  private builtServices: KubeService[] = [];
 
   /** (Re)loads the kube-proxy rules into the node namespace, in the lab's proxy mode. */
   async loadRules(opts: { masquerade: boolean }): Promise<void> {
+    this.masquerade = opts.masquerade;
     if (this.proxyMode === 'nftables') {
       const script = renderNftKubeProxy(this.services, { clusterCIDR: LAB_ADDR.podCIDR, masquerade: opts.masquerade });
       await runIn(this.nodeNetns, ['nft', '-f', '-'], { input: script });
@@ -391,11 +398,44 @@ export class Lab {
     await runIn(pod.netns, ['iptables', '-A', 'OUTPUT', '-j', 'DROP']);
   }
 
-  /** The pod's own firewall drops (or rejects) new connections to a port: a filtered backend. */
-  async filterPort(name: string, port: number, verdict: 'DROP' | 'REJECT' = 'DROP'): Promise<void> {
-    const pod = this.pods.find((p) => p.name === name);
+  /**
+   * The pod's own firewall drops or rejects new connections to a port: a
+   * filtered backend. REJECT answers with a TCP reset (as if nothing
+   * listened), REJECT-ICMP with a port-unreachable (iptables' default).
+   */
+  async filterPort(name: string, port: number, verdict: 'DROP' | 'REJECT' | 'REJECT-ICMP' = 'DROP'): Promise<void> {
+    const pod = this.pod(name);
+    const target = verdict === 'DROP' ? ['DROP'] : verdict === 'REJECT' ? ['REJECT', '--reject-with', 'tcp-reset'] : ['REJECT', '--reject-with', 'icmp-port-unreachable'];
+    await runIn(pod.netns, ['iptables', '-A', 'INPUT', '-p', 'tcp', '--dport', String(port), '-j', ...target]);
+  }
+
+  /** Removes what filterPort and blockReplies added. */
+  async unfilter(name: string): Promise<void> {
+    const pod = this.pod(name);
+    await runIn(pod.netns, ['iptables', '-F', 'INPUT']);
+    await runIn(pod.netns, ['iptables', '-F', 'OUTPUT']);
+  }
+
+  pod(name: string): LabPod {
+    const pod = [...this.pods, ...(this.remotePod ? [this.remotePod] : [])].find((p) => p.name === name);
     if (!pod) throw new SvctraceError('INTERNAL', `lab has no pod ${name}`);
-    await runIn(pod.netns, ['iptables', '-A', 'INPUT', '-p', 'tcp', '--dport', String(port), '-j', verdict, ...(verdict === 'REJECT' ? ['--reject-with', 'tcp-reset'] : [])]);
+    return pod;
+  }
+
+  /** The pod's server stops (the pod stays): nothing listens on its port. */
+  async stopServer(name: string): Promise<void> {
+    const child = this.servers.get(name);
+    if (!child) return;
+    this.servers.delete(name);
+    child.removeAllListeners('exit');
+    const gone = new Promise((resolve) => child.once('exit', resolve));
+    if (child.exitCode === null && child.pid) process.kill(child.pid, 'SIGKILL');
+    await gone;
+  }
+
+  /** Starts the pod's server again (after stopServer). */
+  async restartServer(name: string): Promise<void> {
+    if (!this.servers.has(name)) await this.startServer(this.pod(name));
   }
 
   /**
@@ -404,8 +444,8 @@ export class Lab {
    * pod; the chain's hairpin rule still names the pod. Returns the chain.
    */
   async staleRule(podName: string, to: string): Promise<string> {
-    const pod = this.pods.find((p) => p.name === podName);
-    if (!pod) throw new SvctraceError('INTERNAL', `lab has no pod ${podName}`);
+    const pod = this.pod(podName);
+    if (this.proxyMode === 'nftables') return this.staleNftRule(pod, to);
     const rules = (await runIn(this.nodeNetns, ['iptables-save', '-t', 'nat'])).stdout.split('\n');
     const dnat = rules.find((l) => /^-A KUBE-SEP-\S+ .*-j DNAT --to-destination /.test(l) && l.includes(`--to-destination ${pod.ip}:${POD_HTTP_PORT}`));
     if (!dnat) throw new SvctraceError('INTERNAL', `no DNAT rule to ${pod.ip}:${POD_HTTP_PORT}`);
@@ -416,16 +456,78 @@ export class Lab {
     return chain;
   }
 
+  /** staleRule in nftables mode: the endpoint chain's dnat rule is replaced; its name and hairpin rule still name the pod. */
+  private async staleNftRule(pod: LabPod, to: string): Promise<string> {
+    const out = JSON.parse((await runIn(this.nodeNetns, ['nft', '-j', 'list', 'table', 'ip', 'kube-proxy'])).stdout) as { nftables: Array<Record<string, { chain?: string; handle?: number; expr?: unknown[] }>> };
+    for (const item of out.nftables) {
+      const rule = item.rule;
+      if (!rule?.chain?.startsWith('endpoint-') || !rule.chain.endsWith(`__${pod.ip}/${POD_HTTP_PORT}`)) continue;
+      if (!JSON.stringify(rule.expr).includes('"dnat"')) continue;
+      await runIn(this.nodeNetns, ['nft', 'replace', 'rule', 'ip', 'kube-proxy', rule.chain, 'handle', String(rule.handle), 'meta', 'l4proto', 'tcp', 'dnat', 'to', `${to}:${POD_HTTP_PORT}`]);
+      return rule.chain;
+    }
+    throw new SvctraceError('INTERNAL', `no nftables dnat rule to ${pod.ip}:${POD_HTTP_PORT}`);
+  }
+
+  /** Re-renders the rules with a service's endpoints. */
+  async setEndpoints(service: string, endpoints: KubeService['endpoints']): Promise<void> {
+    this.service(service).endpoints = endpoints;
+    await this.loadRules({ masquerade: this.masquerade });
+  }
+
+  /** Re-renders the rules without a service (kube-proxy not synced, or the Service missing from the rules). */
+  async dropService(service: string): Promise<void> {
+    this.service(service);
+    this.services = this.services.filter((s) => s.name !== service);
+    await this.loadRules({ masquerade: this.masquerade });
+  }
+
+  /** The lab's rules as built: every service with its endpoints, masquerade on, no affinity. */
+  async resetRules(): Promise<void> {
+    this.services = structuredClone(this.builtServices);
+    await this.loadRules({ masquerade: true });
+  }
+
+  /**
+   * Fills the node namespace's conntrack table to `fraction` of
+   * nf_conntrack_max with entries for addresses nothing uses, in one batch
+   * (conntrack -R). nf_conntrack_max is global (read-only in a namespace) but
+   * the count is per namespace: nothing outside the lab is touched.
+   */
+  async fillConntrack(fraction: number): Promise<void> {
+    const max = Number((await runIn(this.nodeNetns, ['cat', '/proc/sys/net/netfilter/nf_conntrack_max'])).stdout);
+    const count = Number((await runIn(this.nodeNetns, ['cat', '/proc/sys/net/netfilter/nf_conntrack_count'])).stdout);
+    const n = Math.ceil(max * fraction) - count;
+    if (!(n > 0 && n < 5_000_000)) throw new SvctraceError('LAB', `cannot fill conntrack to ${fraction} of ${max}`);
+    const lines: string[] = [];
+    for (let i = 0; i < n; i++) {
+      lines.push(`-I -s 10.199.${(i >> 16) & 255}.${(i >> 8) & 255} -d 10.198.0.${i & 255} -p tcp --sport ${1024 + (i % 60000)} --dport 9 --state ESTABLISHED -t 600`);
+    }
+    const file = path.join(os.tmpdir(), `svt-ct-${this.id}.txt`);
+    fs.writeFileSync(file, lines.join('\n') + '\n');
+    try {
+      await runIn(this.nodeNetns, ['conntrack', '-R', file], { timeoutMs: 120_000, allowFail: true });
+    } finally {
+      fs.rmSync(file, { force: true });
+    }
+  }
+
+  /** Forgets the node's conntrack entries and neighbours: the next fault starts from a clean node. */
+  async flushNodeState(): Promise<void> {
+    await runIn(this.nodeNetns, ['conntrack', '-F'], { allowFail: true });
+    await runIn(this.nodeNetns, ['ip', 'neigh', 'flush', 'all'], { allowFail: true });
+  }
+
   /** Re-renders the rules with a service's externalTrafficPolicy. */
   async setExternalTrafficPolicy(service: string, policy: 'Cluster' | 'Local'): Promise<void> {
     this.service(service).externalTrafficPolicy = policy;
-    await this.loadRules({ masquerade: true });
+    await this.loadRules({ masquerade: this.masquerade });
   }
 
   /** Re-renders the rules with sessionAffinity: ClientIP for a service. */
   async setAffinity(service: string, seconds: number | undefined): Promise<void> {
     this.service(service).affinitySeconds = seconds;
-    await this.loadRules({ masquerade: true });
+    await this.loadRules({ masquerade: this.masquerade });
   }
 
   /** Loads the rules again with or without kube-proxy's MASQUERADE (for the NodePort client-IP experiment). */

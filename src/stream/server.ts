@@ -54,7 +54,7 @@ export class StreamServer {
   private readonly registries: Registry[];
 
   private constructor(
-    private readonly source: HubSource,
+    source: HubSource,
     private readonly opts: ServeOptions,
   ) {
     this.hub = new Hub(source, opts.limits);

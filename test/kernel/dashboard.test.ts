@@ -12,7 +12,6 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { chromium, Browser, Page } from 'playwright-core';
 import { kernelTest, IS_ROOT, sleep } from '../helpers/kernel';
-import { waitFor } from '../helpers/flows';
 import { makeEvent, syntheticSource } from '../helpers/stream';
 import { Lab } from '../../src/lab/lab';
 import { StreamServer } from '../../src/stream/server';

@@ -6,10 +6,8 @@
 import { after, before, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
-import fs from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
-import { kernelTest, IS_ROOT, netfilterLinks, sleep } from '../helpers/kernel';
+import { kernelTest, IS_ROOT, netfilterLinks } from '../helpers/kernel';
 import { waitFor } from '../helpers/flows';
 import { Lab } from '../../src/lab/lab';
 import { runIn } from '../../src/lab/exec';
@@ -212,24 +210,7 @@ describe('diagnoses of faults created in the lab (kernel)', () => {
 
   kernelTest('conntrack pressure: the node namespace\'s table near nf_conntrack_max', async () => {
     assert.ok(!codes(await explain({ target: 'default/web', netns: lab.nodeNetns })).includes('CONNTRACK_PRESSURE'));
-    // nf_conntrack_max is global (not writable in a namespace) but the count is
-    // per namespace: fill the lab node's own table to 92% with entries for
-    // addresses nothing uses, loaded in one batch (conntrack -R).
-    const max = Number((await runIn(lab.nodeNetns, ['cat', '/proc/sys/net/netfilter/nf_conntrack_max'])).stdout);
-    const count = Number((await runIn(lab.nodeNetns, ['cat', '/proc/sys/net/netfilter/nf_conntrack_count'])).stdout);
-    const n = Math.ceil(max * 0.92) - count;
-    assert.ok(n > 0 && n < 5_000_000, `nf_conntrack_max ${max}`);
-    const lines: string[] = [];
-    for (let i = 0; i < n; i++) {
-      lines.push(`-I -s 10.199.${(i >> 16) & 255}.${(i >> 8) & 255} -d 10.198.0.${i & 255} -p tcp --sport ${1024 + (i % 60000)} --dport 9 --state ESTABLISHED -t 600`);
-    }
-    const file = path.join(os.tmpdir(), `svt-ct-${process.pid}.txt`);
-    fs.writeFileSync(file, lines.join('\n') + '\n');
-    try {
-      await runIn(lab.nodeNetns, ['conntrack', '-R', file], { timeoutMs: 120_000, allowFail: true });
-    } finally {
-      fs.rmSync(file, { force: true });
-    }
+    await lab.fillConntrack(0.92);
     const e = await explain({ target: 'default/web', netns: lab.nodeNetns });
     const d = e[0]!.diagnoses.find((x) => x.code === 'CONNTRACK_PRESSURE');
     assert.ok(d, `count after fill: ${(await runIn(lab.nodeNetns, ['cat', '/proc/sys/net/netfilter/nf_conntrack_count'])).stdout}`);

@@ -69,8 +69,9 @@ describe('classifyEvent (pure)', () => {
   it('RST, ICMP errors and the conntrack destroy are first-time milestones with their effects', () => {
     const rst = classifyEvent(flow(), ev({ dir: Dir.REPLY, tcpFlags: 0x14 }), ctx);
     assert.equal(rst.stage, S.STAGE_DROP);
-    assert.deepEqual(rst.effects, { reset: true });
+    assert.deepEqual(rst.effects, { reset: true, backendReset: true }, 'a reset in the reply direction is the backend\'s');
     assert.equal(rst.milestone, true);
+    assert.deepEqual(classifyEvent(flow(), ev({ dir: Dir.ORIGINAL, tcpFlags: 0x14 }), ctx).effects, { reset: true }, 'the client\'s reset is not the backend refusing');
     assert.equal(classifyEvent(flow({ reset: true }), ev({ tcpFlags: 0x04 }), ctx).milestone, false);
     const icmp = classifyEvent(flow(), ev({ pkt: { ...orig, proto: 1 }, icmpType: 3, icmpCode: 3 }), ctx);
     assert.deepEqual(icmp.effects, { icmpError: 'port unreachable' });

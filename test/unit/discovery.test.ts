@@ -13,7 +13,7 @@ import { parseNftKubeProxy } from '../../src/discovery/nftables';
 import { findByName, findByAddress, tracedAddressesOf } from '../../src/discovery/model';
 import { parseIpvsadm } from '../../src/discovery/ipvs';
 import { formatExplanation } from '../../src/explain/explain';
-import { diagnoseRules, diagnoseTraffic } from '../../src/explain/diagnose';
+import { BackendState, BackendView, Diagnosis, diagnoseBackends, diagnoseRules, diagnoseTraffic } from '../../src/explain/diagnose';
 import { KubeService, renderFilterTable, renderNatTable } from '../../src/lab/kube-rules';
 
 const eps = [10, 11, 12].map((h) => ({ ip: `10.244.1.${h}`, port: 8080 }));
@@ -93,6 +93,47 @@ describe('iptables-save discovery', () => {
     assert.ok(!dropped.some((x) => x.code === 'REPLY_PATH_BROKEN'));
     const silent = diagnoseTraffic(web, { seconds: 5, flows: 4, notDnated: 0, masqueraded: 0, backends: [backend({})] });
     assert.ok(silent.some((x) => x.code === 'REPLY_PATH_BROKEN' && /no drop was seen/.test(x.summary)));
+  });
+
+  it('unanswered connections are told apart by the kernel\'s evidence: ARP, route, ICMP reject, a reply routed away, a gone pod', () => {
+    const web = findByName(d, 'default/web:http')[0]!;
+    const backend = (over: object) => ({ backend: '10.244.1.11:8080', flows: 4, answered: 0, resets: 0, maxPacketsPerFlow: 3, clients: new Set(['10.250.0.2']), ...over });
+    const traffic = (over: object) => ({ seconds: 5, flows: 4, notDnated: 0, masqueraded: 0, backends: [backend(over)] });
+    const route = { ok: true, dev: 'cni0', src: '10.244.1.1' };
+    const view = (over: Partial<BackendView>): BackendView => ({ holderOf: () => 'pod1-ns', routeOf: () => route, replyPathOf: () => undefined, tunnelOf: () => undefined, ...over });
+    const one = (ds: Diagnosis[]) => ds.filter((x) => x.severity === 'error').map((x) => `${x.code} ${x.object}`);
+    const arp = traffic({ droppedBy: new Map([['NEIGH_FAILED', 4]]) });
+    assert.deepEqual(one(diagnoseTraffic(web, arp, view({}))), ['NEIGHBOUR_FAILED backend 10.244.1.11:8080'], 'the pod is here but deaf to ARP');
+    assert.deepEqual(one(diagnoseTraffic(web, arp, view({ holderOf: () => null }))), ['GHOST_BACKEND backend 10.244.1.11:8080'], 'no pod has the address');
+    assert.deepEqual(one(diagnoseTraffic(web, traffic({ droppedBy: new Map([['NOT_SPECIFIED', 4]]) }), view({ routeOf: () => ({ ok: false, error: 'blackhole' }) }))), ['NO_ROUTE backend 10.244.1.11:8080']);
+    const rejected = diagnoseTraffic(web, traffic({ droppedBy: new Map([['NETFILTER_DROP', 4]]), icmpBy: new Map([['port unreachable', 4]]) }), view({}));
+    assert.deepEqual(one(rejected), ['BACKEND_FILTERED backend 10.244.1.11:8080']);
+    assert.match(rejected.find((x) => x.code === 'BACKEND_FILTERED')!.summary, /a firewall rejected them/);
+    const away = diagnoseTraffic(web, traffic({}), view({ replyPathOf: () => ({ dev: 'other0', expected: 'eth0', netns: 'pod1-ns' }) }));
+    assert.deepEqual(one(away), ['REPLY_PATH_BROKEN backend 10.244.1.11:8080']);
+    assert.match(away[0]!.summary, /out of other0, not eth0/);
+    // A backend on another node, nothing answering through the tunnel: the overlay, not the pod.
+    const tunnel = { dev: 'flannel.1', kind: 'vxlan', remote: '10.250.1.2', gateway: '10.244.100.2', gatewayNeighbour: 'FAILED' };
+    assert.deepEqual(one(diagnoseTraffic(web, arp, view({ holderOf: () => undefined, tunnelOf: () => tunnel }))), ['TUNNEL_BROKEN tunnel flannel.1']);
+    // Reply packets dropped on their way back (not by a firewall): the reply path, citing where.
+    const lost = diagnoseTraffic(web, traffic({ droppedBy: new Map([['NOT_SPECIFIED', 4]]), replyDroppedAt: new Map([['NOT_SPECIFIED at other0 in pod1-ns', 4]]) }), view({}));
+    assert.deepEqual(one(lost), ['REPLY_PATH_BROKEN backend 10.244.1.11:8080']);
+  });
+
+  it('the probe: a reset is nothing listening, an ICMP refusal a firewall, a timeout with replies routed away the reply path', () => {
+    const web = findByName(d, 'default/web:http')[0]!;
+    const state = (over: Partial<BackendState>): BackendState => ({ ip: '10.244.1.11', port: 8080, route: { ok: true, dev: 'cni0' }, neighbour: { state: 'REACHABLE' }, ...over });
+    const codes = (b: BackendState) => diagnoseBackends(web, [b]).map((x) => x.code);
+    assert.deepEqual(codes(state({ probe: 'refused' })), ['BACKEND_NOT_LISTENING']);
+    assert.deepEqual(codes(state({ probe: 'rejected' })), ['BACKEND_FILTERED']);
+    assert.deepEqual(codes(state({ probe: 'timeout' })), ['BACKEND_FILTERED']);
+    assert.deepEqual(codes(state({ probe: 'timeout', holder: 'pod1-ns', replyPath: { dev: 'other0', expected: 'eth0', netns: 'pod1-ns' } })), ['REPLY_PATH_BROKEN']);
+    assert.deepEqual(codes(state({ probe: 'silent', neighbour: { state: 'FAILED' }, holder: 'pod1-ns' })), ['NEIGHBOUR_FAILED']);
+    assert.deepEqual(codes(state({ probe: 'silent', neighbour: { state: 'FAILED' }, holder: null })), ['GHOST_BACKEND']);
+    assert.deepEqual(codes(state({ probe: 'silent', holder: 'pod1-ns' })), ['REPLY_PATH_BROKEN']);
+    assert.deepEqual(codes(state({ route: { ok: false, error: 'blackhole' } })), ['NO_ROUTE']);
+    // Every diagnosis names its object.
+    assert.equal(diagnoseBackends(web, [state({ probe: 'refused' })])[0]!.object, 'backend 10.244.1.11:8080');
   });
 
   it('lists a NodePort once when kube-proxy writes it in several KUBE-NODEPORTS rules', () => {

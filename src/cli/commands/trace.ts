@@ -4,7 +4,7 @@ import { waitForStop } from '../../pipeline/lifecycle';
 import { Pipeline } from '../../pipeline/pipeline';
 import { flowLinesSink, textTimelineSink } from '../../pipeline/sinks/text';
 import { jsonLinesSink } from '../../pipeline/sinks/json';
-import { liveDiagnoserSink, tracedServicesInRules } from '../../pipeline/sinks/diagnoser';
+import { liveDiagnoserSink } from '../../pipeline/sinks/diagnoser';
 import { SvctraceError } from '../../errors';
 import { MAX_SNAPLEN } from '../../events/layout';
 import { addSelectionOptions, parseDuration, SelectionOptions, selectionOf, servicesFrom } from '../options';
@@ -27,19 +27,25 @@ export function registerTrace(program: Command): void {
       const services = await servicesFrom(opts);
       const duration = parseDuration(opts.duration);
       const write = (s: string) => process.stdout.write(s);
-      const pipeline = await Pipeline.start({ ...selectionOf(opts, services), snaplen }, (ctx) =>
-        opts.output === 'json'
-          ? [jsonLinesSink(write, dropsOnly)]
+      const pipeline = await Pipeline.start({ ...selectionOf(opts, services), snaplen }, (ctx) => {
+        // Classic failures seen live, next to the timelines or flows; in JSON as {"diagnosis": ...} lines.
+        const diagnoser = liveDiagnoserSink(services, ctx.discovery, ctx.netns[0]!, (ds) =>
+          write(
+            ds
+              .map((x) =>
+                opts.output === 'json'
+                  ? `${JSON.stringify({ diagnosis: x })}\n`
+                  : `[diagnosis] [${x.severity.toUpperCase()}] ${x.code}${x.layer ? ` (${x.layer})` : ''} ${x.service}${x.object ? ` ${x.object}` : ''}: ${x.summary}\n`,
+              )
+              .join(''),
+          ),
+        );
+        return opts.output === 'json'
+          ? [jsonLinesSink(write, dropsOnly), diagnoser]
           : opts.output === 'flows'
-            ? [flowLinesSink(write, ctx.flows, ctx.backendName, dropsOnly)]
-          : [
-              textTimelineSink(write, useColor(), ctx.backendName, dropsOnly),
-              // Classic failures seen live, next to the timelines (needs the rules of the services).
-              liveDiagnoserSink(tracedServicesInRules(services, ctx.discovery), ctx.discovery.masqueradeRule, (ds) =>
-                write(ds.map((x) => `[diagnosis] [${x.severity.toUpperCase()}] ${x.code}${x.layer ? ` (${x.layer})` : ''} ${x.service}: ${x.summary}\n`).join('')),
-              ),
-            ],
-      );
+            ? [flowLinesSink(write, ctx.flows, ctx.backendName, dropsOnly), diagnoser]
+            : [textTimelineSink(write, useColor(), ctx.backendName, dropsOnly), diagnoser];
+      });
       process.stderr.write(`svctrace: tracing ${services.map((s) => s.text).join(', ')}; Ctrl-C to stop\n`);
       await waitForStop(duration, pipeline.allNetnsGone);
       const { summary, stats } = await pipeline.stop();

@@ -57,7 +57,7 @@ export function registerWatch(program: Command): void {
                 if (lines.length) process.stdout.write(lines.join('\n') + '\n');
               },
               error: (e) => process.stderr.write(`svctrace: server says ${e.code}: ${e.message}\n`),
-              diagnosis: (d) => process.stdout.write(`[diagnosis] [${(d.severity ?? '').toUpperCase()}] ${d.code}${d.layer ? ` (${d.layer})` : ''} ${d.service}: ${d.summary}\n`),
+              diagnosis: (d) => process.stdout.write(`[diagnosis] [${(d.severity ?? '').toUpperCase()}] ${d.code}${d.layer ? ` (${d.layer})` : ''} ${d.service}${d.object ? ` ${d.object}` : ''}: ${d.summary}\n`),
               close: (code, reason) => {
                 if (!userClosed) closedBy = `server closed the stream (${code}${reason ? `: ${reason}` : ''})`;
                 resolve();

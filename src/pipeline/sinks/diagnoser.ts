@@ -1,6 +1,8 @@
 /** The live diagnoser (`trace`, `serve`): classic failures found while tracing, compared with the rules. */
 import { DiscoveredService, Discovery, findByAddress } from '../../discovery/model';
+import { diagnoseConntrack, diagnoseRules } from '../../explain/diagnose';
 import { LiveDiagnoser, LiveDiagnosis } from '../../explain/live';
+import { backendView, conntrackPressure } from '../../explain/node-state';
 import type { ServiceSpec } from '../../net/ipv4';
 import type { Sink } from '../sink';
 
@@ -9,13 +11,38 @@ export function tracedServicesInRules(services: readonly ServiceSpec[], d: Disco
   return services.map((s) => (s.address ? findByAddress(d, s.address, s.port, s.proto) : undefined)).filter((x): x is DiscoveredService => !!x);
 }
 
-/** Starts diagnosing at once (the rules-based diagnoses are reported now); stops when the trace ends. */
+/** Routes to backends and pod addresses change: looked up again this often. */
+const VIEW_REFRESH_MS = 30_000;
+
+/**
+ * Starts diagnosing at once: the rules-based diagnoses are reported now
+ * (a traced ClusterIP the rules do not know is RULES_MISSING), the node's
+ * (conntrack pressure) as soon as read; stops when the trace ends.
+ */
 export function liveDiagnoserSink(
-  services: DiscoveredService[],
-  masqueradeRule: boolean,
+  traced: readonly ServiceSpec[],
+  discovery: Discovery,
+  netns: string,
   report: (d: LiveDiagnosis[]) => void,
   opts: { windowMs?: number; onActive?: (active: LiveDiagnosis[]) => void } = {},
 ): Sink {
-  const live = new LiveDiagnoser(services, report, opts.windowMs ?? 5000, masqueradeRule, opts.onActive);
-  return { name: 'diagnoser', write: (items) => live.observe(items), close: () => live.stop() };
+  const services = tracedServicesInRules(traced, discovery);
+  const live = new LiveDiagnoser(services, report, opts.windowMs ?? 5000, discovery.masqueradeRule, opts.onActive);
+  const missing = traced.filter((s) => s.address && !findByAddress(discovery, s.address, s.port, s.proto));
+  live.addStanding(missing.flatMap((s) => diagnoseRules(undefined, s.text, discovery.masqueradeRule).map((d) => ({ ...d, service: s.text }))));
+  // The node's state is extra evidence: without it, the traffic is still judged.
+  const endpoints = services.flatMap((s) => s.endpoints.map((e) => ({ ip: e.ip, port: e.port, proto: s.proto })));
+  const look = () => backendView(netns, endpoints).then((v) => (live.view = v), () => undefined);
+  void look();
+  const refresh = setInterval(() => void look(), VIEW_REFRESH_MS);
+  refresh.unref();
+  void conntrackPressure(netns).then((p) => live.addStanding(diagnoseConntrack(p).map((d) => ({ ...d, service: 'node' }))), () => undefined);
+  return {
+    name: 'diagnoser',
+    write: (items) => live.observe(items),
+    close: () => {
+      clearInterval(refresh);
+      live.stop();
+    },
+  };
 }
