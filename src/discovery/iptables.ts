@@ -198,6 +198,14 @@ export function parseIptablesSave(save: string): Discovery {
     s.rejects = true;
   }
 
+  // externalTrafficPolicy: Local without a local endpoint: kube-proxy drops its NodePorts in the filter table.
+  for (const r of filter) {
+    if (r.chain !== 'KUBE-EXTERNAL-SERVICES' || r.target !== 'DROP' || !r.comment?.includes('has no local endpoints')) continue;
+    const [ns, svc, portName] = nameOf(r.comment);
+    const s = services.find((x) => x.name === `${ns}/${svc}:${portName}` && x.nodePorts.includes(Number(r.opt('--dport'))));
+    if (s) s.noLocalEndpoints = true;
+  }
+
   const masqueradeRule = (byChain.get('KUBE-POSTROUTING') ?? []).some((r) => r.target === 'MASQUERADE');
   const mode = nat.some((r) => r.chain === 'KUBE-SERVICES') ? 'iptables' : 'none';
   return { mode, services, masqueradeRule, warnings };

@@ -34,6 +34,8 @@ export interface DiscoveredService {
   masqueradeUnless?: string;
   /** NodePort traffic is masqueraded (externalTrafficPolicy: Cluster). */
   nodePortMasquerade: boolean;
+  /** externalTrafficPolicy: Local with no endpoint on this node: the rules drop NodePort traffic here. */
+  noLocalEndpoints?: boolean;
   source: 'iptables' | 'nftables' | 'ipvs';
 }
 

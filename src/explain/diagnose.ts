@@ -27,6 +27,7 @@ export interface Diagnosis {
     | 'NEIGHBOUR_FAILED'
     | 'NO_ROUTE'
     | 'TUNNEL_BROKEN'
+    | 'NO_LOCAL_ENDPOINTS'
     | 'ENDPOINTS_MISMATCH';
   severity: 'error' | 'warning' | 'info';
   /** Where the fault is: what to look at, and who fixes it. */
@@ -187,6 +188,16 @@ export function diagnoseRules(svc: DiscoveredService | undefined, target: string
       severity: 'info',
       summary: `NodePort ${svc.nodePorts.join(',')} traffic is masqueraded: pods see this node's address, not the client (externalTrafficPolicy: Cluster); use Local to keep the client IP`,
       evidence: ['the NodePort chain jumps to KUBE-MARK-MASQ / mark-for-masquerade for every packet'],
+    });
+  }
+  if (svc.noLocalEndpoints) {
+    out.push({
+      code: 'NO_LOCAL_ENDPOINTS',
+      layer: 'rules',
+      object: `service ${svc.name}`,
+      severity: 'error',
+      summary: `NodePort ${svc.nodePorts.join(',')} has externalTrafficPolicy: Local and no endpoint on this node: kube-proxy drops NodePort traffic that arrives here (a load balancer must not send it here: its health check on healthCheckNodePort says so)`,
+      evidence: [`"${svc.name} has no local endpoints" DROP for NodePort ${svc.nodePorts.join(',')} (KUBE-EXTERNAL-SERVICES)`],
     });
   }
   if ((svc.masqueradeUnless || svc.nodePortMasquerade) && !masqueradeRule) {

@@ -39,6 +39,7 @@ const WEB = '10.96.0.100:80';
 const DNS = '10.96.0.10:53/udp';
 /** The Service whose one pod is on the second node, over VXLAN. */
 const REMOTE = '10.96.0.50:80';
+const REMOTE_NODEPORT = 30050;
 /** The lab's pods: pod1 is the one each backend fault breaks. */
 const POD1 = `${LAB_ADDR.podSubnetPrefix}${LAB_ADDR.podHostBase + 1}`;
 const POD1_BACKEND = `backend ${POD1}:${POD_HTTP_PORT}`;
@@ -246,6 +247,28 @@ export const FAULTS: Fault[] = [
     expect: () => same([{ code: 'TUNNEL_BROKEN', object: 'tunnel flannel.1' }]),
   },
   {
+    id: 'local-policy-no-local-endpoint',
+    symptom: 'a NodePort answers on some nodes and hangs on others',
+    modes: ['iptables'],
+    target: 'default/remote',
+    // The remote Service gets a NodePort with externalTrafficPolicy: Local; its only pod is on the other node.
+    inject: async (lab) => {
+      const svc = lab.service('remote');
+      svc.nodePort = REMOTE_NODEPORT;
+      svc.externalTrafficPolicy = 'Local';
+      await lab.setEndpoints('remote', svc.endpoints.map((ep) => ({ ...ep, remote: true })));
+      return {};
+    },
+    remove: (lab) => lab.resetRules(),
+    traffic: async (lab) => {
+      await Promise.all([
+        curls(lab, 4, REMOTE),
+        ...Array.from({ length: 4 }, () => lab.curl(`http://${LAB_ADDR.nodeIP}:${REMOTE_NODEPORT}/`, 'client', ['--max-time', '2'])),
+      ]);
+    },
+    expect: () => same([{ code: 'NO_LOCAL_ENDPOINTS', object: 'service default/remote' }]),
+  },
+  {
     id: 'dns-no-endpoints',
     symptom: 'name lookups fail in every pod',
     modes: ['iptables', 'nftables'],
@@ -259,7 +282,7 @@ export const FAULTS: Fault[] = [
 
 /** Faults of the seed articles this catalogue does not inject yet, and why. */
 export const NOT_COVERED: Array<{ fault: string; why: string }> = [
-  { fault: 'externalTrafficPolicy: Local NodePort on a node with no local endpoint', why: 'the lab renders no per-node endpoint locality yet' },
+  { fault: 'externalTrafficPolicy: Local NodePort with no local endpoint, nftables mode', why: 'the lab renders endpoint locality in iptables mode only' },
   {
     fault: 'pod MTU mismatch',
     why: 'not reproducible in this lab: with segmentation offload on the veth pair (no ethtool here to turn it off), the kernel forwards the oversize segments and large answers arrive',

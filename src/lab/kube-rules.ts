@@ -9,6 +9,8 @@ import crypto from 'node:crypto';
 export interface KubeEndpoint {
   ip: string;
   port: number;
+  /** The endpoint's pod runs on another node (default: on this one). externalTrafficPolicy: Local sends only to local ones. */
+  remote?: boolean;
 }
 
 export interface KubeService {
@@ -62,6 +64,10 @@ export function extChain(s: KubeService): string {
   return `KUBE-EXT-${chainHash(svcPortName(s) + s.proto)}`;
 }
 
+export function svlChain(s: KubeService): string {
+  return `KUBE-SVL-${chainHash(svcPortName(s) + s.proto)}`;
+}
+
 export function sepChain(s: KubeService, ep: KubeEndpoint): string {
   return `KUBE-SEP-${chainHash(svcPortName(s) + s.proto + `${ep.ip}:${ep.port}`)}`;
 }
@@ -109,8 +115,25 @@ export function renderNatTable(services: KubeService[], opts: { clusterCIDR: str
       rules.push(`-A KUBE-NODEPORTS -p ${p} -m comment --comment "${name}" -m ${p} --dport ${s.nodePort} -j ${ext}`);
       if (s.externalTrafficPolicy !== 'Local') {
         rules.push(`-A ${ext} -m comment --comment "masquerade traffic for ${name} external destinations" -j KUBE-MARK-MASQ`);
+        rules.push(`-A ${ext} -j ${svc}`);
+      } else {
+        // externalTrafficPolicy: Local, as kube-proxy writes it: pods and the
+        // node itself use every endpoint; outside clients only this node's
+        // (KUBE-SVL). With none here, the filter table drops NodePort traffic.
+        const svl = svlChain(s);
+        const local = s.endpoints.filter((ep) => !ep.remote);
+        chains.add(svl);
+        rules.push(
+          `-A ${ext} -s ${opts.clusterCIDR} -m comment --comment "pod traffic for ${name} external destinations" -j ${svc}`,
+          `-A ${ext} -m comment --comment "masquerade LOCAL traffic for ${name} external destinations" -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ`,
+          `-A ${ext} -m comment --comment "route LOCAL traffic for ${name} external destinations" -m addrtype --src-type LOCAL -j ${svc}`,
+          `-A ${ext} -j ${svl}`,
+        );
+        local.forEach((ep, i) => {
+          const stat = i === local.length - 1 ? '' : ` -m statistic --mode random --probability ${endpointProbability(i, local.length)}`;
+          rules.push(`-A ${svl} -m comment --comment "${name} -> ${ep.ip}:${ep.port}"${stat} -j ${sepChain(s, ep)}`);
+        });
       }
-      rules.push(`-A ${ext} -j ${svc}`);
     }
     if (s.affinitySeconds) {
       // Affinity: a client seen recently goes back to the same endpoint.
@@ -146,12 +169,18 @@ export function renderFilterTable(services: KubeService[]): string {
     '-A OUTPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes service portals" -j KUBE-SERVICES',
   ];
   for (const s of services) {
+    if (s.endpoints.length > 0 && s.nodePort && s.externalTrafficPolicy === 'Local' && s.endpoints.every((ep) => ep.remote)) {
+      rules.push(
+        `-A KUBE-EXTERNAL-SERVICES -p ${s.proto} -m comment --comment "${svcPortName(s)} has no local endpoints" -m addrtype --dst-type LOCAL -m ${s.proto} --dport ${s.nodePort} -j DROP`,
+      );
+    }
     if (s.endpoints.length > 0) continue;
     rules.push(
       `-A KUBE-SERVICES -d ${s.clusterIP}/32 -p ${s.proto} -m comment --comment "${svcPortName(s)} has no endpoints" -m ${s.proto} --dport ${s.port} -j REJECT --reject-with icmp-port-unreachable`,
     );
   }
-  return ['*filter', ':KUBE-SERVICES - [0:0]', ...rules, 'COMMIT', ''].join('\n');
+  rules.push('-A INPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes externally-visible service portals" -j KUBE-EXTERNAL-SERVICES');
+  return ['*filter', ':KUBE-SERVICES - [0:0]', ':KUBE-EXTERNAL-SERVICES - [0:0]', ...rules, 'COMMIT', ''].join('\n');
 }
 
 // ---- nftables mode (kube-proxy --proxy-mode=nftables, table ip kube-proxy) ----

@@ -136,6 +136,21 @@ describe('iptables-save discovery', () => {
     assert.equal(diagnoseBackends(web, [state({ probe: 'refused' })])[0]!.object, 'backend 10.244.1.11:8080');
   });
 
+  it('externalTrafficPolicy: Local with no endpoint on this node: NodePort traffic is dropped here, and said so', () => {
+    const remote: KubeService = { namespace: 'default', name: 'remote', portName: 'http', clusterIP: '10.96.0.50', port: 80, proto: 'tcp', nodePort: 30050, externalTrafficPolicy: 'Local', endpoints: [{ ip: '10.244.2.10', port: 8080, remote: true }] };
+    const all = [...services, remote];
+    const parsed = parseIptablesSave(renderNatTable(all, { clusterCIDR: '10.244.0.0/16' }) + renderFilterTable(all));
+    const svc = findByName(parsed, 'default/remote')[0]!;
+    assert.equal(svc.noLocalEndpoints, true);
+    assert.deepEqual(svc.nodePorts, [30050]);
+    const nle = diagnoseRules(svc, 'default/remote', true).find((x) => x.code === 'NO_LOCAL_ENDPOINTS');
+    assert.ok(nle && nle.severity === 'error' && nle.object === 'service default/remote:http');
+    // With a local endpoint, or with policy Cluster, nothing is dropped.
+    const withLocal = { ...remote, endpoints: [...remote.endpoints, { ip: '10.244.1.10', port: 8080 }] };
+    assert.equal(findByName(parseIptablesSave(renderNatTable([withLocal], { clusterCIDR: '10.244.0.0/16' }) + renderFilterTable([withLocal])), 'default/remote')[0]!.noLocalEndpoints, undefined);
+    assert.equal(findByName(d, 'default/web')[0]!.noLocalEndpoints, undefined);
+  });
+
   it('lists a NodePort once when kube-proxy writes it in several KUBE-NODEPORTS rules', () => {
     const nodeport = save.split('\n').find((l) => l.startsWith('-A KUBE-NODEPORTS '))!;
     const twice = save.replace(nodeport, `${nodeport}\n${nodeport.replace('-A KUBE-NODEPORTS ', '-A KUBE-NODEPORTS -d 127.0.0.0/8 ')}`);
