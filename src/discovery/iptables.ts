@@ -177,7 +177,8 @@ export function parseIptablesSave(save: string): Discovery {
     // kube-proxy writes a NodePort more than once (e.g. one rule per traffic policy / source): list it once.
     const port = Number(r.opt('--dport') ?? 0);
     if (!s.nodePorts.includes(port)) s.nodePorts.push(port);
-    if (extRules.some((x) => x.target === 'KUBE-MARK-MASQ' && !x.opt('-s'))) s.nodePortMasquerade = true;
+    // Every packet marked (policy Cluster); policy Local marks only the node's own traffic (--src-type LOCAL).
+    if (extRules.some((x) => x.target === 'KUBE-MARK-MASQ' && !x.opt('-s') && !x.opt('--src-type'))) s.nodePortMasquerade = true;
   }
 
   // Services without endpoints: kube-proxy REJECTs them in the filter table.
@@ -198,12 +199,17 @@ export function parseIptablesSave(save: string): Discovery {
     s.rejects = true;
   }
 
-  // externalTrafficPolicy: Local without a local endpoint: kube-proxy drops its NodePorts in the filter table.
-  for (const r of filter) {
-    if (r.chain !== 'KUBE-EXTERNAL-SERVICES' || r.target !== 'DROP' || !r.comment?.includes('has no local endpoints')) continue;
+  // externalTrafficPolicy: Local without a local endpoint: kube-proxy drops its NodePorts in the filter
+  // table (KUBE-EXTERNAL-SERVICES ... --dport NODEPORT -j DROP); before 1.24, in a nat KUBE-XLB-* chain
+  // (-j KUBE-MARK-DROP). Both say "has no local endpoints" in their comment.
+  for (const r of [...filter, ...nat]) {
+    if (!r.comment?.includes('has no local endpoints') || (r.target !== 'DROP' && r.target !== 'KUBE-MARK-DROP')) continue;
     const [ns, svc, portName] = nameOf(r.comment);
-    const s = services.find((x) => x.name === `${ns}/${svc}:${portName}` && x.nodePorts.includes(Number(r.opt('--dport'))));
-    if (s) s.noLocalEndpoints = true;
+    const nodePort = Number(r.opt('--dport') ?? 0);
+    for (const s of services) {
+      if (s.namespace !== ns || s.service !== svc || (portName && s.portName !== portName) || !s.nodePorts.length) continue;
+      if (!nodePort || s.nodePorts.includes(nodePort)) s.noLocalEndpoints = true;
+    }
   }
 
   const masqueradeRule = (byChain.get('KUBE-POSTROUTING') ?? []).some((r) => r.target === 'MASQUERADE');

@@ -203,13 +203,23 @@ export function parseNftKubeProxy(json: string): Discovery {
     if (typeof port !== 'number' || typeof proto !== 'string' || !target) continue;
     let svcChain = target;
     if (target.startsWith('external-')) {
-      const ext = (doc.chains.get(target) ?? []).map((rule) => verdictTarget(rule.at(-1)));
-      svcChain = ext.find((t) => t?.startsWith('service-')) ?? '';
+      const rules = doc.chains.get(target) ?? [];
+      svcChain = rules.map((rule) => verdictTarget(rule.at(-1))).find((t) => t?.startsWith('service-')) ?? '';
       const s = byChain.get(svcChain);
-      if (s && ext.includes('mark-for-masquerade')) s.nodePortMasquerade = true;
+      // Every packet marked (policy Cluster); policy Local marks only the node's own traffic (`fib saddr type local`).
+      if (s && rules.some((rule) => rule.length === 1 && verdictTarget(rule[0]) === 'mark-for-masquerade')) s.nodePortMasquerade = true;
     }
     const svc = byChain.get(svcChain);
     if (svc && !svc.nodePorts.includes(port)) svc.nodePorts.push(port);
+  }
+
+  // externalTrafficPolicy: Local with no endpoint on this node: its NodePort is dropped (no-endpoint-nodeports, "ns/svc:port" : drop).
+  for (const [k, v] of doc.maps.get('no-endpoint-nodeports') ?? []) {
+    const { parts, comment } = mapKey(k);
+    const port = parts[1];
+    if (typeof port !== 'number' || !(isObj(v) && 'drop' in v)) continue;
+    const s = services.find((x) => x.name === comment && x.nodePorts.includes(port));
+    if (s) s.noLocalEndpoints = true;
   }
 
   const masqueradeRule = (doc.chains.get('masquerading') ?? []).some((rule) => rule.some((st) => 'masquerade' in st));

@@ -249,7 +249,7 @@ export const FAULTS: Fault[] = [
   {
     id: 'local-policy-no-local-endpoint',
     symptom: 'a NodePort answers on some nodes and hangs on others',
-    modes: ['iptables'],
+    modes: ['iptables', 'nftables'],
     target: 'default/remote',
     // The remote Service gets a NodePort with externalTrafficPolicy: Local; its only pod is on the other node.
     inject: async (lab) => {
@@ -282,7 +282,6 @@ export const FAULTS: Fault[] = [
 
 /** Faults of the seed articles this catalogue does not inject yet, and why. */
 export const NOT_COVERED: Array<{ fault: string; why: string }> = [
-  { fault: 'externalTrafficPolicy: Local NodePort with no local endpoint, nftables mode', why: 'the lab renders endpoint locality in iptables mode only' },
   {
     fault: 'pod MTU mismatch',
     why: 'not reproducible in this lab: with segmentation offload on the veth pair (no ethtool here to turn it off), the kernel forwards the oversize segments and large answers arrive',

@@ -215,6 +215,11 @@ export function renderNftKubeProxy(services: KubeService[], opts: { clusterCIDR:
     withEp.filter((s) => s.nodePort).map((s) => `${s.proto} . ${s.nodePort} : goto ${nftExternalChain(s)}`));
   map('no-endpoint-services', 'ipv4_addr . inet_proto . inet_service : verdict', 'vmap to drop or reject packets to services with no endpoints',
     noEp.map((s) => `${s.clusterIP} . ${s.proto} . ${s.port} comment "${svcPortName(s)}" : goto reject-chain`));
+  const noLocal = withEp.filter((s) => s.nodePort && s.externalTrafficPolicy === 'Local' && s.endpoints.every((ep) => ep.remote));
+  map('no-endpoint-nodeports', 'inet_proto . inet_service : verdict', 'vmap to drop or reject packets to service nodeports with no endpoints',
+    noLocal.map((s) => `${s.proto} . ${s.nodePort} comment "${svcPortName(s)}" : drop`));
+  chain('nodeport-endpoints-check', ['fib daddr type local meta l4proto . th dport vmap @no-endpoint-nodeports']);
+  chain('filter-input', ['type filter hook input priority 0; policy accept;', 'ct state new jump nodeport-endpoints-check']);
   chain('reject-chain', ['comment "helper for @no-endpoint-services / @no-endpoint-nodeports"', 'reject']);
   chain('filter-output', ['type filter hook output priority -110; policy accept;', 'ct state new jump service-endpoints-check']);
   chain('filter-forward', ['type filter hook forward priority -110; policy accept;', 'ct state new jump service-endpoints-check']);
@@ -237,7 +242,18 @@ export function renderNftKubeProxy(services: KubeService[], opts: { clusterCIDR:
     const sticky = s.affinitySeconds ? eps.map((c) => `ip saddr @${affinity(c)} goto ${c}`) : [];
     const pick = eps.length === 1 ? `goto ${eps[0]}` : `numgen random mod ${eps.length} vmap { ${eps.map((c, i) => `${i} : goto ${c}`).join(', ')} }`;
     chain(nftServiceChain(s), [`ip daddr ${s.clusterIP} ${s.proto} dport ${s.port} ip saddr != ${opts.clusterCIDR} jump mark-for-masquerade`, ...sticky, pick]);
-    if (s.nodePort) chain(nftExternalChain(s), ['jump mark-for-masquerade', `goto ${nftServiceChain(s)}`]);
+    if (s.nodePort && s.externalTrafficPolicy === 'Local') {
+      // As kube-proxy writes it: pods and the node itself use every endpoint; outside clients only local ones.
+      const local = s.endpoints.filter((ep) => !ep.remote);
+      chain(nftExternalChain(s), [
+        `ip saddr ${opts.clusterCIDR} goto ${nftServiceChain(s)} comment "short-circuit pod traffic"`,
+        'fib saddr type local jump mark-for-masquerade comment "masquerade local traffic"',
+        `fib saddr type local goto ${nftServiceChain(s)} comment "short-circuit local traffic"`,
+        ...(local.length ? [local.length === 1 ? `goto ${nftEndpointChain(s, local[0]!)}` : `numgen random mod ${local.length} vmap { ${local.map((ep, i) => `${i} : goto ${nftEndpointChain(s, ep)}`).join(', ')} }`] : []),
+      ]);
+    } else if (s.nodePort) {
+      chain(nftExternalChain(s), ['jump mark-for-masquerade', `goto ${nftServiceChain(s)}`]);
+    }
     s.endpoints.forEach((ep, i) =>
       chain(eps[i]!, [`ip saddr ${ep.ip} jump mark-for-masquerade`, ...(s.affinitySeconds ? [`update @${affinity(eps[i]!)} { ip saddr }`] : []), `meta l4proto ${s.proto} dnat to ${ep.ip}:${ep.port}`]),
     );

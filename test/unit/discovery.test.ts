@@ -149,6 +149,9 @@ describe('iptables-save discovery', () => {
     const withLocal = { ...remote, endpoints: [...remote.endpoints, { ip: '10.244.1.10', port: 8080 }] };
     assert.equal(findByName(parseIptablesSave(renderNatTable([withLocal], { clusterCIDR: '10.244.0.0/16' }) + renderFilterTable([withLocal])), 'default/remote')[0]!.noLocalEndpoints, undefined);
     assert.equal(findByName(d, 'default/web')[0]!.noLocalEndpoints, undefined);
+    // kube-proxy before 1.24: a nat KUBE-XLB-* chain drops it (KUBE-MARK-DROP), same comment.
+    const old = save.replace('COMMIT', '-A KUBE-XLB-AAAA -m comment --comment "default/web:http has no local endpoints" -j KUBE-MARK-DROP\nCOMMIT');
+    assert.equal(findByName(parseIptablesSave(old), 'default/web')[0]!.noLocalEndpoints, true);
   });
 
   it('lists a NodePort once when kube-proxy writes it in several KUBE-NODEPORTS rules', () => {
