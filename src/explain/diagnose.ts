@@ -27,6 +27,7 @@ export interface Diagnosis {
     | 'NEIGHBOUR_FAILED'
     | 'NO_ROUTE'
     | 'TUNNEL_BROKEN'
+    | 'MTU_MISMATCH'
     | 'NO_LOCAL_ENDPOINTS'
     | 'ENDPOINTS_MISMATCH';
   severity: 'error' | 'warning' | 'info';
@@ -71,6 +72,22 @@ export interface Tunnel {
   gateway: string;
   /** The neighbour state of the gateway across the tunnel (FAILED: nothing answers through it). */
   gatewayNeighbour?: string;
+  /** The tunnel's MTU, and the largest MTU of the bridges this node's pods hang off. */
+  mtu?: number;
+  podMtu?: number;
+}
+
+/** Pods that send bigger packets than a tunnel carries: it works only while path MTU discovery does. */
+function tunnelMtu(at: string, t: Tunnel): Diagnosis | undefined {
+  if (!t.mtu || !t.podMtu || t.podMtu <= t.mtu) return undefined;
+  return {
+    code: 'MTU_MISMATCH',
+    object: `tunnel ${t.dev}`,
+    severity: 'warning',
+    layer: 'routing',
+    summary: `pods here send packets of up to ${t.podMtu} bytes, the ${t.kind} tunnel ${t.dev} to ${at}'s node carries ${t.mtu}: large packets work only while ICMP "fragmentation needed" reaches the pods (path MTU discovery); set the pods' MTU to ${t.mtu} or less`,
+    evidence: [`MTU ${t.mtu} on ${t.dev}; MTU ${t.podMtu} on this node's pod bridge`],
+  };
 }
 
 function tunnelBroken(at: string, t: Tunnel, evidence: string[], failed?: string): Diagnosis {
@@ -146,6 +163,9 @@ export interface ObservedBackend {
   icmpBy?: Map<string, number>;
   /** Unanswered flows whose every drop was of a reply (the backend answered), by where: "REASON at DEV in NETNS". */
   replyDroppedAt?: Map<string, number>;
+  /** Flows (answered or not) with packets dropped as too big for the path (PKT_TOO_BIG), and where. */
+  tooBig?: number;
+  tooBigAt?: Set<string>;
 }
 
 export interface ObservedTraffic {
@@ -300,6 +320,8 @@ export function diagnoseBackends(svc: DiscoveredService, backends: BackendState[
     if (b.probe === 'unreachable') noHost.push(`TCP connect to ${at}: host unreachable`);
     if (b.probe === 'silent') noHost.push(`no answer at ${b.ip}, on port ${b.port} nor on port 1 (a live host refuses that)`);
     const misrouted = (b.probe === 'timeout' || b.probe === 'silent') && !neighbourFailed ? replyRouted(at, b.replyPath, [`neighbour ${b.neighbour.state}`, ...probe]) : undefined;
+    const mtu = b.tunnel ? tunnelMtu(at, b.tunnel) : undefined;
+    if (mtu && !out.some((d) => d.code === mtu.code && d.object === mtu.object)) out.push(mtu);
     if (b.tunnel && (b.probe === 'silent' || b.probe === 'unreachable' || ['FAILED', 'INCOMPLETE'].includes(b.tunnel.gatewayNeighbour ?? ''))) {
       out.push(tunnelBroken(at, b.tunnel, probe));
     } else if (misrouted) {
@@ -403,6 +425,19 @@ export function diagnoseTraffic(svc: DiscoveredService, t: ObservedTraffic, view
     }
     if (b.resets > 0) {
       out.push({ code: 'BACKEND_NOT_LISTENING', layer: 'application', object: `backend ${b.backend}`, severity: 'error', summary: `${b.backend} answered ${b.resets} connection(s) with a TCP RST: nothing listens on that port in the pod (wrong targetPort, or the app is down)`, evidence: [`${b.resets} RST from the backend`] });
+    }
+    if (b.tooBig) {
+      // The kernel dropped packets of these flows as larger than the next hop's MTU, and they kept coming.
+      const where = [...(b.tooBigAt ?? [])];
+      out.push({
+        code: 'MTU_MISMATCH',
+        object: `backend ${b.backend}`,
+        severity: 'error',
+        layer: 'routing',
+        summary: `${b.tooBig} of ${b.flows} connections to ${b.backend} lost packets too big for the path (PKT_TOO_BIG${where.length ? ` ${where.join(', ')}` : ''}) and the sender kept sending them: path MTU discovery is broken (ICMP "fragmentation needed" blocked on its way to the sender), or an MTU is larger than the path's; small exchanges work, large ones hang`,
+        evidence: [`${b.tooBig} flows with PKT_TOO_BIG drops`, ...where.map((w) => `dropped ${w}`)],
+      });
+      continue;
     }
     if (unanswered <= 0 || b.flows <= 0) continue;
     const drops = [...(b.droppedBy ?? new Map<string, number>())];
@@ -532,6 +567,10 @@ export function observeFlows(svc: DiscoveredService, flows: Flow[], seconds: num
         b.icmpBy ??= new Map();
         for (const r of new Set(f.icmpErrors)) b.icmpBy.set(r, (b.icmpBy.get(r) ?? 0) + 1);
       }
+    }
+    if (f.drops.includes('PKT_TOO_BIG')) {
+      b.tooBig = (b.tooBig ?? 0) + 1;
+      for (const w of f.replyDrops ?? []) if (w.startsWith('PKT_TOO_BIG at ')) (b.tooBigAt ??= new Set()).add(w.slice('PKT_TOO_BIG '.length));
     }
     b.maxPacketsPerFlow = Math.max(b.maxPacketsPerFlow, f.packets[0] + f.packets[1]);
     b.clients.add(f.orig.saddr);

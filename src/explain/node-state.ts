@@ -71,19 +71,31 @@ export function parseConntrackStats(text: string): { insertFailed: number; drop:
 export interface LinkInfo {
   kind?: string;
   remote?: string;
+  mtu?: number;
 }
 
 export async function linkInfo(netns: string, dev: string): Promise<LinkInfo> {
   const r = await runInNetns(netns, ['ip', '-j', '-d', 'link', 'show', 'dev', dev]);
   try {
-    const [l] = JSON.parse(r.stdout) as Array<{ linkinfo?: { info_kind?: string; info_data?: { remote?: string } } }>;
-    return { kind: l?.linkinfo?.info_kind, remote: l?.linkinfo?.info_data?.remote };
+    const [l] = JSON.parse(r.stdout) as Array<{ mtu?: number; linkinfo?: { info_kind?: string; info_data?: { remote?: string } } }>;
+    return { kind: l?.linkinfo?.info_kind, remote: l?.linkinfo?.info_data?.remote, mtu: l?.mtu };
   } catch {
     return {};
   }
 }
 
 const TUNNEL_KINDS = new Set(['vxlan', 'geneve', 'ipip', 'gre', 'gretap', 'sit', 'wireguard']);
+
+/** The largest MTU of the bridges in a namespace (the pod network of a bridge CNI): what its pods are set to send. */
+async function podBridgeMtu(netns: string): Promise<number | undefined> {
+  const r = await runInNetns(netns, ['ip', '-j', 'link', 'show', 'type', 'bridge']);
+  try {
+    const mtus = (JSON.parse(r.stdout) as Array<{ mtu?: number }>).map((l) => l.mtu ?? 0).filter((m) => m > 0);
+    return mtus.length ? Math.max(...mtus) : undefined;
+  } catch {
+    return undefined;
+  }
+}
 
 /** A local pod's address: the named namespace and the interface that hold it. */
 export interface AddressHolder {
@@ -174,13 +186,14 @@ export async function backendView(netns: string, endpoints: Array<{ ip: string; 
       ),
     ),
   );
+  const podMtu = gateways.size ? await podBridgeMtu(netns) : undefined;
   return {
     routeOf: (ip) => routes.get(ip),
     tunnelOf: (ip) => {
       const r = routes.get(ip);
       const l = r?.ok && r.dev ? links.get(r.dev) : undefined;
       if (!r?.gateway || !l?.kind || !TUNNEL_KINDS.has(l.kind)) return undefined;
-      return { dev: r.dev!, kind: l.kind, remote: l.remote, gateway: r.gateway, gatewayNeighbour: gateways.get(r.gateway)?.state };
+      return { dev: r.dev!, kind: l.kind, remote: l.remote, gateway: r.gateway, gatewayNeighbour: gateways.get(r.gateway)?.state, mtu: l.mtu, podMtu };
     },
     holderOf: (ip) => {
       const r = routes.get(ip);

@@ -47,8 +47,8 @@ const POD1_BACKEND = `backend ${POD1}:${POD_HTTP_PORT}`;
 const NOBODY = `${LAB_ADDR.podSubnetPrefix}99`;
 
 /** Short connections to a ClusterIP (web's by default), all at once, from the client namespace. */
-async function curls(lab: Lab, n = 12, target = WEB): Promise<void> {
-  await Promise.all(Array.from({ length: n }, () => lab.curl(`http://${target.split(':')[0]}/`, 'client', ['--max-time', '2'])));
+async function curls(lab: Lab, n = 12, target = WEB, path = '/'): Promise<void> {
+  await Promise.all(Array.from({ length: n }, () => lab.curl(`http://${target.split(':')[0]}${path}`, 'client', ['--max-time', '2'])));
 }
 
 /** DNS-like UDP queries to kube-dns from the client namespace (each from its own port: its own flow). */
@@ -269,6 +269,27 @@ export const FAULTS: Fault[] = [
     expect: () => same([{ code: 'NO_LOCAL_ENDPOINTS', object: 'service default/remote' }]),
   },
   {
+    id: 'mtu-blackhole',
+    symptom: 'small requests to pods on another node work, large answers hang',
+    modes: ['iptables', 'nftables'],
+    target: REMOTE,
+    // The pod behind the tunnel (MTU 1500, the tunnel 1450) drops ICMP "fragmentation needed":
+    // path MTU discovery cannot shrink its packets, and the other node drops them as too big.
+    inject: async (lab) => {
+      const ns = lab.pod('rpod0').netns;
+      await runIn(ns, ['iptables', '-A', 'INPUT', '-p', 'icmp', '--icmp-type', 'fragmentation-needed', '-j', 'DROP']);
+      await runIn(ns, ['ip', 'route', 'flush', 'cache'], { allowFail: true });
+      return {};
+    },
+    remove: (lab) => lab.unfilter('rpod0'),
+    traffic: (lab) => curls(lab, 6, REMOTE, '/big'),
+    expect: () => ({
+      probe: [{ code: 'MTU_MISMATCH', object: 'tunnel flannel.1' }],
+      watch: [{ code: 'MTU_MISMATCH', object: 'backend 10.244.2.10:8080' }],
+      trace: [{ code: 'MTU_MISMATCH', object: 'backend 10.244.2.10:8080' }],
+    }),
+  },
+  {
     id: 'dns-no-endpoints',
     symptom: 'name lookups fail in every pod',
     modes: ['iptables', 'nftables'],
@@ -282,9 +303,5 @@ export const FAULTS: Fault[] = [
 
 /** Faults of the seed articles this catalogue does not inject yet, and why. */
 export const NOT_COVERED: Array<{ fault: string; why: string }> = [
-  {
-    fault: 'pod MTU mismatch',
-    why: 'not reproducible in this lab: with segmentation offload on the veth pair (no ethtool here to turn it off), the kernel forwards the oversize segments and large answers arrive',
-  },
   { fault: 'every fault in kube-proxy IPVS mode', why: 'IPVS is not built into this machine\'s kernel (issue #12 boots kernels that have it)' },
 ];

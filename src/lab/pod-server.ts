@@ -26,7 +26,8 @@ const server = http.createServer((req, res) => {
   const client = `${req.socket.remoteAddress}:${req.socket.remotePort}`;
   log({ event: 'request', proto: 'tcp', client, path: req.url });
   res.setHeader('content-type', 'text/plain');
-  res.end(`pod=${name} client=${client}\n`);
+  // /big: an answer of several full-size packets (what a path MTU problem loses).
+  res.end(`pod=${name} client=${client}\n${req.url === '/big' ? `${'x'.repeat(8000)}\n` : ''}`);
 });
 server.keepAliveTimeout = 1000;
 

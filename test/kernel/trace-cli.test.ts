@@ -166,8 +166,11 @@ describe('svctrace trace CLI (kernel)', () => {
     await sleep(300);
     t.child.kill('SIGINT');
     assert.equal(await t.exited, 0, t.err());
-    const lines = t.out().split('\n').filter(Boolean);
+    const all = t.out().split('\n').filter(Boolean);
+    const lines = all.filter((l) => !l.startsWith('[diagnosis] '));
     assert.ok(lines.length >= 1, `some connections landed on ${pod1.ip}: ${t.err()}`);
+    // The diagnoser judges the flows when the trace stops, next to them.
+    assert.ok(all.some((l) => l.startsWith(`[diagnosis] [ERROR] BACKEND_FILTERED (pod-firewall) 10.96.0.100:80/tcp backend ${pod1.ip}:8080:`)), all.join('\n'));
     for (const l of lines) assert.match(l, new RegExp(`^flow \\d+ tcp \\S+ -> 10\\.96\\.0\\.100:80 \\(service 10\\.96\\.0\\.100:80/tcp\\): backend ${pod1.ip.replace(/\./g, '\\.')}:8080.*dropped NETFILTER_DROP`));
     assert.match(t.err(), /summary: 9 flows/, 'the summary still counts every flow');
   });

@@ -115,6 +115,10 @@ describe('iptables-save discovery', () => {
     // A backend on another node, nothing answering through the tunnel: the overlay, not the pod.
     const tunnel = { dev: 'flannel.1', kind: 'vxlan', remote: '10.250.1.2', gateway: '10.244.100.2', gatewayNeighbour: 'FAILED' };
     assert.deepEqual(one(diagnoseTraffic(web, arp, view({ holderOf: () => undefined, tunnelOf: () => tunnel }))), ['TUNNEL_BROKEN tunnel flannel.1']);
+    // Packets dropped as too big for the path, in answered flows too: the MTU, with where.
+    const big = diagnoseTraffic(web, traffic({ answered: 4, tooBig: 2, tooBigAt: new Set(['at veth0 in node2']) }), view({}));
+    assert.deepEqual(one(big), ['MTU_MISMATCH backend 10.244.1.11:8080']);
+    assert.match(big[0]!.summary, /PKT_TOO_BIG at veth0 in node2/);
     // Reply packets dropped on their way back (not by a firewall): the reply path, citing where.
     const lost = diagnoseTraffic(web, traffic({ droppedBy: new Map([['NOT_SPECIFIED', 4]]), replyDroppedAt: new Map([['NOT_SPECIFIED at other0 in pod1-ns', 4]]) }), view({}));
     assert.deepEqual(one(lost), ['REPLY_PATH_BROKEN backend 10.244.1.11:8080']);
