@@ -76,6 +76,14 @@ bool CtListener::ConsumeStaleDestroy(const svt_tuple& orig) {
   return true;
 }
 
+// One registered flow fewer in the kernel's count (never below zero).
+void CtListener::ForgetActiveFlow() {
+  if (!active_flows_) return;
+  unsigned long long cur = __atomic_load_n(active_flows_, __ATOMIC_RELAXED);
+  while (cur > 0 && !__atomic_compare_exchange_n(active_flows_, &cur, cur - 1, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+}
+
 void CtListener::Handle(const nlmsghdr* nlh) {
   {
     if (NFNL_SUBSYS_ID(nlh->nlmsg_type) != NFNL_SUBSYS_CTNETLINK) return;
@@ -102,14 +110,16 @@ void CtListener::Handle(const nlmsghdr* nlh) {
       auto tcp = Nested<CTA_PROTOINFO_TCP_MAX>(pi.a[CTA_PROTOINFO_TCP]);
       if (tcp.a[CTA_PROTOINFO_TCP_STATE]) e.ct_tcp_state = mnl_attr_get_u8(tcp.a[CTA_PROTOINFO_TCP_STATE]);
     }
-    // The flow's final counters: its kernel address comes from the wire
-    // tuple registry; the state's own tuple guards against a reused address.
     if (ConsumeStaleDestroy(e.ct_orig)) {
       // An older entry's destroy: a new entry took its tuple, and the
       // state and wire tuples found through it are that entry's now. The
-      // old one's end was reported when it was replaced (SVT_STATS_REUSED).
+      // old one's end was reported when it was replaced (SVT_STATS_REUSED);
+      // it still leaves the active flows.
+      ForgetActiveFlow();
       return;
     }
+    // The flow's final counters: its kernel address comes from the wire
+    // tuple registry; the state's own tuple guards against a reused address.
     svt_flow_ref ref;
     if (bpf_map_lookup_elem(flows_map_fd_, &e.ct_orig, &ref) == 0) {
       e.ct_id = ref.ct_id;
@@ -129,11 +139,7 @@ void CtListener::Handle(const nlmsghdr* nlh) {
     // The flow is gone: forget its wire tuples in the kernel, and count it
     // out of the active flows (never below zero) if it was registered.
     svt_tuple t;
-    if (bpf_map_delete_elem(flows_map_fd_, &e.ct_orig) == 0 && active_flows_) {
-      unsigned long long cur = __atomic_load_n(active_flows_, __ATOMIC_RELAXED);
-      while (cur > 0 && !__atomic_compare_exchange_n(active_flows_, &cur, cur - 1, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-      }
-    }
+    if (bpf_map_delete_elem(flows_map_fd_, &e.ct_orig) == 0) ForgetActiveFlow();
     bpf_map_delete_elem(flows_map_fd_, &e.ct_reply);
     ReverseInto(&t, e.ct_orig);
     bpf_map_delete_elem(flows_map_fd_, &t);

@@ -32,6 +32,7 @@ class CtListener : public NetlinkListener {
 
  private:
   bool ConsumeStaleDestroy(const svt_tuple& orig);
+  void ForgetActiveFlow();
   unsigned long netns_ino_;
   std::shared_ptr<const ServiceSet> services_;
   int flows_map_fd_;

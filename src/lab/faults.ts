@@ -46,9 +46,26 @@ const POD1_BACKEND = `backend ${POD1}:${POD_HTTP_PORT}`;
 /** An address in the node's pod subnet that no pod has. */
 const NOBODY = `${LAB_ADDR.podSubnetPrefix}99`;
 
-/** Short connections to a ClusterIP (web's by default), all at once, from the client namespace. */
-async function curls(lab: Lab, n = 12, target = WEB, path = '/'): Promise<void> {
+/**
+ * Short connections to a ClusterIP (web's by default), all at once, from the
+ * client namespace. 18 to web's three pods: the faulty one gets none with
+ * probability (2/3)^18, 0.07%.
+ */
+async function curls(lab: Lab, n = 18, target = WEB, path = '/'): Promise<void> {
   await Promise.all(Array.from({ length: n }, () => lab.curl(`http://${target.split(':')[0]}${path}`, 'client', ['--max-time', '2'])));
+}
+
+/**
+ * Short connections to web until at least `min` of them were sent to
+ * `backend` (the node's conntrack entries with that reply source say so): a
+ * fault of one pod is met whatever the random picks. At most three rounds.
+ */
+async function curlsReaching(lab: Lab, backend: string, min = 2): Promise<void> {
+  for (let round = 0; round < 3; round++) {
+    await curls(lab);
+    const r = await runIn(lab.nodeNetns, ['conntrack', '-L', '-p', 'tcp', '--orig-dst', WEB.split(':')[0]!, '--reply-src', backend], { allowFail: true });
+    if (r.stdout.split('\n').filter((l) => l.includes(`src=${backend}`)).length >= min) return;
+  }
 }
 
 /** DNS-like UDP queries to kube-dns from the client namespace (each from its own port: its own flow). */
@@ -80,7 +97,7 @@ export const FAULTS: Fault[] = [
     target: WEB,
     inject: async (lab) => (await lab.stopServer('pod1'), {}),
     remove: (lab) => lab.restartServer('pod1'),
-    traffic: (lab) => curls(lab),
+    traffic: (lab) => curlsReaching(lab, POD1),
     expect: () => same([{ code: 'BACKEND_NOT_LISTENING', object: POD1_BACKEND }]),
   },
   {
@@ -90,7 +107,7 @@ export const FAULTS: Fault[] = [
     target: WEB,
     inject: async (lab) => (await lab.filterPort('pod1', POD_HTTP_PORT, 'DROP'), {}),
     remove: (lab) => lab.unfilter('pod1'),
-    traffic: (lab) => curls(lab),
+    traffic: (lab) => curlsReaching(lab, POD1),
     expect: () => same([{ code: 'BACKEND_FILTERED', object: POD1_BACKEND }]),
   },
   {
@@ -100,7 +117,7 @@ export const FAULTS: Fault[] = [
     target: WEB,
     inject: async (lab) => (await lab.filterPort('pod1', POD_HTTP_PORT, 'REJECT-ICMP'), {}),
     remove: (lab) => lab.unfilter('pod1'),
-    traffic: (lab) => curls(lab),
+    traffic: (lab) => curlsReaching(lab, POD1),
     expect: () => same([{ code: 'BACKEND_FILTERED', object: POD1_BACKEND }]),
   },
   {
@@ -113,7 +130,7 @@ export const FAULTS: Fault[] = [
       return {};
     },
     remove: (lab) => lab.resetRules(),
-    traffic: (lab) => curls(lab, 16),
+    traffic: (lab) => curlsReaching(lab, NOBODY),
     expect: () => same([{ code: 'GHOST_BACKEND', object: `backend ${NOBODY}:${POD_HTTP_PORT}` }]),
   },
   {
@@ -123,7 +140,7 @@ export const FAULTS: Fault[] = [
     target: WEB,
     inject: async (lab) => ({ chain: await lab.staleRule('pod2', NOBODY) }),
     remove: (lab) => lab.resetRules(),
-    traffic: (lab) => curls(lab),
+    traffic: (lab) => curlsReaching(lab, NOBODY),
     expect: (v) => same([{ code: 'STALE_RULE', object: `rule ${v.chain}` }]),
   },
   {
@@ -203,7 +220,7 @@ export const FAULTS: Fault[] = [
       await runIn(ns, ['ip', 'rule', 'del', 'ipproto', 'tcp', 'sport', String(POD_HTTP_PORT), 'table', '100'], { allowFail: true });
       await runIn(ns, ['ip', 'link', 'del', 'other0'], { allowFail: true });
     },
-    traffic: (lab) => curls(lab),
+    traffic: (lab) => curlsReaching(lab, POD1),
     expect: () => same([{ code: 'REPLY_PATH_BROKEN', object: POD1_BACKEND }]),
   },
   {
@@ -218,7 +235,7 @@ export const FAULTS: Fault[] = [
       return {};
     },
     remove: async (lab) => void (await runIn(lab.pod('pod1').netns, ['ip', 'link', 'set', 'eth0', 'arp', 'on'])),
-    traffic: (lab) => curls(lab),
+    traffic: (lab) => curlsReaching(lab, POD1),
     expect: () => same([{ code: 'NEIGHBOUR_FAILED', object: POD1_BACKEND }]),
   },
   {
@@ -228,7 +245,7 @@ export const FAULTS: Fault[] = [
     target: WEB,
     inject: async (lab) => (await runIn(lab.nodeNetns, ['ip', 'route', 'add', 'blackhole', `${POD1}/32`]), {}),
     remove: async (lab) => void (await runIn(lab.nodeNetns, ['ip', 'route', 'del', 'blackhole', `${POD1}/32`], { allowFail: true })),
-    traffic: (lab) => curls(lab),
+    traffic: (lab) => curlsReaching(lab, POD1),
     expect: () => same([{ code: 'NO_ROUTE', object: POD1_BACKEND }]),
   },
   {

@@ -97,6 +97,7 @@ for (const mode of ['iptables', 'nftables'] as const) {
         const vars = await fault.inject(lab);
         const expected = fault.expect(vars);
         const said: Partial<Record<FaultTool, Said[]>> = {};
+        let observed = '';
         try {
           said.probe = (await explain({ target: fault.target, netns: lab.nodeNetns, probe: true })).flatMap((e) => e.diagnoses);
           const linksBefore = netfilterLinks().length;
@@ -110,6 +111,7 @@ for (const mode of ['iptables', 'nftables'] as const) {
           const watched = await watch;
           if (watching) assert.ok((watched[0]?.observed?.flows ?? 0) > 0, 'explain --watch saw the traffic');
           said.watch = watched.flatMap((e) => e.diagnoses);
+          observed = JSON.stringify(watched[0]?.observed?.backends.map((b) => ({ ...b, clients: b.clients.size, droppedBy: [...(b.droppedBy ?? [])], icmpBy: [...(b.icmpBy ?? [])] })));
           said.trace = await trace.done;
         } finally {
           await fault.remove(lab);
@@ -121,7 +123,7 @@ for (const mode of ['iptables', 'nftables'] as const) {
         assert.deepEqual(
           bad.map((t) => `${t}: ${cells[t].text}`),
           [],
-          `${fault.id} (${mode}): what each tool said: ${JSON.stringify(said, (k, v) => (k === 'evidence' ? undefined : v))}`,
+          `${fault.id} (${mode}): what each tool said: ${JSON.stringify(said, (k, v) => (k === 'evidence' ? undefined : v))}; explain --watch observed: ${observed}`,
         );
       }, { timeout: 180_000 });
     }
