@@ -62,6 +62,11 @@ export function findByAddress(d: Discovery, ip: string, port: number, proto: str
   return d.services.find((s) => s.clusterIP === ip && s.port === port && s.proto === proto);
 }
 
+/** The Service kube-proxy DNATs this address for: by its ClusterIP, or one of its externalIPs / LoadBalancer IPs. */
+export function findByAnyAddress(d: Discovery, ip: string, port: number, proto: string): DiscoveredService | undefined {
+  return findByAddress(d, ip, port, proto) ?? d.services.find((s) => s.externalIPs?.includes(ip) && s.port === port && s.proto === proto);
+}
+
 /**
  * Every address kube-proxy DNATs for a Service, as "IP:port/proto" (its
  * ClusterIP, externalIPs, LoadBalancer IPs) and "nodeport PORT/proto" (on any

@@ -10,7 +10,7 @@ import path from 'node:path';
 import fs from 'node:fs';
 import { parseIptablesSave, splitRule } from '../../src/discovery/iptables';
 import { parseNftKubeProxy } from '../../src/discovery/nftables';
-import { findByName, findByAddress, tracedAddressesOf } from '../../src/discovery/model';
+import { findByName, findByAddress, findByAnyAddress, tracedAddressesOf } from '../../src/discovery/model';
 import { parseIpvsadm } from '../../src/discovery/ipvs';
 import { formatExplanation } from '../../src/explain/explain';
 import { BackendState, BackendView, Diagnosis, diagnoseBackends, diagnoseRules, diagnoseTraffic } from '../../src/explain/diagnose';
@@ -67,6 +67,9 @@ describe('iptables-save discovery', () => {
     );
     const web = findByName(parseIptablesSave(more), 'default/web')[0]!;
     assert.deepEqual(web.externalIPs, ['192.168.99.22', '203.0.113.7']);
+    // Traced by name, its external address is in the rules (not RULES_MISSING for the live diagnoser).
+    assert.equal(findByAnyAddress(parseIptablesSave(more), '203.0.113.7', 80, 'tcp')?.name, 'default/web:http');
+    assert.equal(findByAnyAddress(parseIptablesSave(more), '203.0.113.8', 80, 'tcp'), undefined);
     assert.deepEqual(
       tracedAddressesOf(web).map((a) => `${a.kind} ${a.address ?? '*'}:${a.port}/${a.proto}`),
       ['cluster-ip 10.96.0.100:80/tcp', 'external-ip 192.168.99.22:80/tcp', 'external-ip 203.0.113.7:80/tcp', 'nodeport *:30080/tcp'],

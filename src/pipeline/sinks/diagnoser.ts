@@ -1,5 +1,5 @@
 /** The live diagnoser (`trace`, `serve`): classic failures found while tracing, compared with the rules. */
-import { DiscoveredService, Discovery, findByAddress } from '../../discovery/model';
+import { DiscoveredService, Discovery, findByAnyAddress } from '../../discovery/model';
 import { diagnoseConntrack, diagnoseRules } from '../../explain/diagnose';
 import { LiveDiagnoser, LiveDiagnosis } from '../../explain/live';
 import { backendView, conntrackPressure } from '../../explain/node-state';
@@ -8,7 +8,8 @@ import type { Sink } from '../sink';
 
 /** The traced services the node's rules know (the diagnoser needs their rules); NodePort-only specs have none. */
 export function tracedServicesInRules(services: readonly ServiceSpec[], d: Discovery): DiscoveredService[] {
-  return services.map((s) => (s.address ? findByAddress(d, s.address, s.port, s.proto) : undefined)).filter((x): x is DiscoveredService => !!x);
+  const found = services.map((s) => (s.address ? findByAnyAddress(d, s.address, s.port, s.proto) : undefined)).filter((x): x is DiscoveredService => !!x);
+  return [...new Set(found)];
 }
 
 /** Routes to backends and pod addresses change: looked up again this often. */
@@ -28,7 +29,8 @@ export function liveDiagnoserSink(
 ): Sink {
   const services = tracedServicesInRules(traced, discovery);
   const live = new LiveDiagnoser(services, report, opts.windowMs ?? 5000, discovery.masqueradeRule, opts.onActive);
-  const missing = traced.filter((s) => s.address && !findByAddress(discovery, s.address, s.port, s.proto));
+  // An externalIP or LoadBalancer IP of a Service traced by name is in the rules too.
+  const missing = traced.filter((s) => s.address && !findByAnyAddress(discovery, s.address, s.port, s.proto));
   live.addStanding(missing.flatMap((s) => diagnoseRules(undefined, s.text, discovery.masqueradeRule).map((d) => ({ ...d, service: s.text }))));
   // The node's state is extra evidence: without it, the traffic is still judged.
   const endpoints = services.flatMap((s) => s.endpoints.map((e) => ({ ip: e.ip, port: e.port, proto: s.proto })));
