@@ -16,9 +16,14 @@ int probe_netfilter(struct bpf_nf_ctx *ctx)
 	return 1; /* NF_ACCEPT */
 }
 
+/* Reads the drop reason, as svctrace does: the verifier then checks the
+ * tracepoint has it (Linux >= 5.17; 5.10's kfree_skb has two arguments). */
+volatile __u32 probe_sink;
+
 SEC("tp_btf/kfree_skb")
 int BPF_PROG(probe_tp_btf, struct sk_buff *skb, void *location, enum skb_drop_reason reason)
 {
+	probe_sink = reason;
 	return 0;
 }
 
@@ -30,6 +35,14 @@ int probe_kprobe(void *ctx)
 
 SEC("fentry/nf_conntrack_destroy")
 int BPF_PROG(probe_fentry)
+{
+	return 0;
+}
+
+/* What the fentry backend needs: a trampoline on a function of the nf_nat
+ * module (module BTF), the NAT hook svctrace observes. */
+SEC("fentry/nf_nat_ipv4_pre_routing")
+int BPF_PROG(probe_nat_fentry)
 {
 	return 0;
 }

@@ -113,8 +113,13 @@ struct {
 	__type(value, struct fib_stash);
 } svt_fib_stash SEC(".maps");
 
-/* A fib lookup further than this from the hook is not the packet's. */
-#define FIB_STASH_MAX_AGE_NS 200000
+/* A fib lookup further than this from the hook is not the packet's. A few
+ * microseconds apart on real hardware; the margin is for slow machines (an
+ * emulated CPU in the VM matrix translating a code path for the first time
+ * takes milliseconds). Only a direction's first packet is stashed, one
+ * lookup is taken per stash, and only one whose destination is the flow's
+ * own end: a late one still names the route to that end. */
+#define FIB_STASH_MAX_AGE_NS 50000000
 
 static __always_inline __u32 *service_lookup(__u32 addr, __u16 port, __u8 proto)
 {
@@ -391,9 +396,25 @@ struct pkt_facts {
  * flags are the second byte of the header's fourth 32-bit word. */
 static __always_inline void read_facts(struct pkt_facts *f, unsigned char *nh)
 {
-	struct iphdr *iph = bpf_core_cast(nh, struct iphdr);
+	struct iphdr *iph;
 	union tcp_word_hdr *th;
 
+	/* bpf_core_cast's kfunc (bpf_rdonly_cast) came in Linux 6.2; before
+	 * it, the same bytes through the helper. A kernel without it resolves
+	 * the weak kfunc to 0 and the verifier drops the branch. */
+	if (!bpf_ksym_exists(bpf_rdonly_cast)) {
+		struct iphdr ip;
+		__u32 word;
+
+		if (bpf_probe_read_kernel(&ip, sizeof(ip), nh) || ip.version != 4)
+			return;
+		f->proto = ip.protocol;
+		if (f->proto != IPPROTO_TCP || bpf_probe_read_kernel(&word, sizeof(word), nh + ip.ihl * 4 + 12))
+			return;
+		f->tcp_flags = (bpf_ntohl(word) >> 16) & 0xff;
+		return;
+	}
+	iph = bpf_core_cast(nh, struct iphdr);
 	if (BPF_CORE_READ_BITFIELD(iph, version) != 4)
 		return;
 	f->proto = iph->protocol;
@@ -455,10 +476,31 @@ static __always_inline void remember_packet(struct ct_verdict *cv, __u32 h, __u3
 		cv->pkt = ((__u64)h << 32) | low;
 }
 
-static __always_inline int observe_nf(struct bpf_nf_ctx *ctx, __u8 stage)
+/* The kernel's sk_buff as IPVS extends it (CONFIG_IP_VS): a kernel built
+ * without IPVS, such as this project's hosts, lacks the field, and its
+ * vmlinux.h too. */
+struct sk_buff___ipvs {
+	__u8 ipvs_property : 1;
+} __attribute__((preserve_access_index));
+
+/*
+ * A packet IPVS forwarded to a real server (kube-proxy IPVS mode, a client
+ * outside the node): IPVS takes it at LOCAL_IN, rewrites it and sends it
+ * through LOCAL_OUT again (ip_vs_nat_send_or_cont), marked ipvs_property.
+ * It was counted at PRE_ROUTING; counting it at LOCAL_OUT would count it
+ * twice.
+ */
+static __always_inline bool ipvs_reinjected(struct sk_buff *skb, __u8 hook)
 {
-	const struct nf_hook_state *state = ctx->state;
-	struct sk_buff *skb = ctx->skb; /* trusted BTF pointers: plain loads */
+	if (hook != NF_INET_LOCAL_OUT || !bpf_core_field_exists(struct sk_buff___ipvs, ipvs_property))
+		return false;
+	return BPF_CORE_READ_BITFIELD_PROBED((struct sk_buff___ipvs *)skb, ipvs_property);
+}
+
+/* skb and state are trusted BTF pointers (netfilter context, fentry/fexit
+ * arguments): plain loads. */
+static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_state *state, __u8 stage)
+{
 	struct svt_flow_counters *st;
 	struct pkt_facts facts = {};
 	struct svt_tuple orig = {};
@@ -485,7 +527,7 @@ static __always_inline int observe_nf(struct bpf_nf_ctx *ctx, __u8 stage)
 	 * errors about the flow (RELATED) are reported, not counted: conntrack
 	 * accounting does not count them either. */
 	counting = stage == SVT_STAGE_BEFORE_NAT && (hook == NF_INET_PRE_ROUTING || hook == NF_INET_LOCAL_OUT) &&
-		   ctinfo != IP_CT_RELATED && ctinfo != IP_CT_RELATED_REPLY;
+		   ctinfo != IP_CT_RELATED && ctinfo != IP_CT_RELATED_REPLY && !ipvs_reinjected(skb, hook);
 	bit = seen_bit(hook, stage, dir);
 
 	cv = bpf_map_lookup_elem(&svt_ct_cache, &zero);
@@ -623,17 +665,74 @@ static __always_inline int observe_nf(struct bpf_nf_ctx *ctx, __u8 stage)
 	return NF_ACCEPT;
 }
 
+/*
+ * Backend "netfilter" (Linux >= 6.4): our own netfilter hooks, attached per
+ * namespace just before and after NAT's priority (the loader picks free
+ * priorities).
+ */
 SEC("netfilter")
 int svt_nf_before_nat(struct bpf_nf_ctx *ctx)
 {
-	return observe_nf(ctx, SVT_STAGE_BEFORE_NAT);
+	return observe_nf(ctx->skb, ctx->state, SVT_STAGE_BEFORE_NAT);
 }
 
 SEC("netfilter")
 int svt_nf_after_nat(struct bpf_nf_ctx *ctx)
 {
-	return observe_nf(ctx, SVT_STAGE_AFTER_NAT);
+	return observe_nf(ctx->skb, ctx->state, SVT_STAGE_AFTER_NAT);
 }
+
+/*
+ * Backend "fentry" (kernels without netfilter links, 5.5+ with module BTF):
+ * entry and exit of NAT's own netfilter hook functions, which have the
+ * netfilter hook signature (priv, skb, state). nf_nat_proto.c registers them
+ * as nf_nat_ipv4_ops at NF_IP_PRI_NAT_DST (PRE_ROUTING, LOCAL_OUT) and
+ * NF_IP_PRI_NAT_SRC (POST_ROUTING, LOCAL_IN), and they run the iptables nat
+ * table or nftables nat chains (nf_nat_inet_fn) — so their entry is "before
+ * NAT" and their exit "after NAT", at NAT's own priority, exactly where the
+ * netfilter backend's programs sit. Present and ftrace-able (in kallsyms and
+ * the nf_nat module's BTF) in Debian's 5.10, 6.1 and 6.12 kernels: see
+ * scripts/vm/. Unlike netfilter links they fire in every namespace, so the
+ * traced namespaces are checked first (svt_netns_inos).
+ */
+#define SVT_MAX_NETNS 16
+volatile __u32 svt_netns_inos[SVT_MAX_NETNS] = {};
+
+static __always_inline bool netns_traced(const struct nf_hook_state *state)
+{
+	__u32 ino = BPF_CORE_READ(state, net, ns.inum);
+
+	for (int i = 0; i < SVT_MAX_NETNS; i++) {
+		if (!svt_netns_inos[i])
+			return false;
+		if (svt_netns_inos[i] == ino)
+			return true;
+	}
+	return false;
+}
+
+#define SVT_NAT_HOOK_PROGS(fn)                                                                                 \
+	SEC("fentry/" #fn)                                                                                     \
+	int BPF_PROG(svt_fentry_##fn, void *priv, struct sk_buff *skb, const struct nf_hook_state *state)      \
+	{                                                                                                      \
+		if (netns_traced(state))                                                                       \
+			observe_nf(skb, state, SVT_STAGE_BEFORE_NAT);                                          \
+		return 0;                                                                                      \
+	}                                                                                                      \
+	SEC("fexit/" #fn)                                                                                      \
+	int BPF_PROG(svt_fexit_##fn, void *priv, struct sk_buff *skb, const struct nf_hook_state *state,       \
+		     unsigned int verdict)                                                                     \
+	{                                                                                                      \
+		/* A packet NAT dropped is reported by the drop tracepoint. */                                \
+		if (verdict == NF_ACCEPT && netns_traced(state))                                               \
+			observe_nf(skb, state, SVT_STAGE_AFTER_NAT);                                           \
+		return 0;                                                                                      \
+	}
+
+SVT_NAT_HOOK_PROGS(nf_nat_ipv4_pre_routing)
+SVT_NAT_HOOK_PROGS(nf_nat_ipv4_local_fn)
+SVT_NAT_HOOK_PROGS(nf_nat_ipv4_out)
+SVT_NAT_HOOK_PROGS(nf_nat_ipv4_local_in)
 
 /* Reads the IPv4 tuple at `nh` and finds its tracked flow, if any. */
 static __always_inline struct svt_flow_ref *flow_of_packet(unsigned char *nh, struct svt_tuple *t)
@@ -708,8 +807,19 @@ int BPF_PROG(svt_dev_recv, struct sk_buff *skb)
 /* Drop reasons that name a packet's normal end (the same list as the
  * flow model's BENIGN_DROPS). CO-RE: a reason this kernel lacks matches no
  * packet. */
-static __always_inline bool is_benign_free(enum skb_drop_reason reason)
+static __always_inline bool is_benign_free(struct sk_buff *skb, enum skb_drop_reason reason)
 {
+	/* Before those reasons existed (6.1: they came with 6.4-6.8), a TCP
+	 * socket destroyed at its end (tcp_fin -> inet_csk_destroy_sock ->
+	 * sk_stream_kill_queues) freed what it still queued as NOT_SPECIFIED:
+	 * such an skb belongs to a socket already in TCP_CLOSE. */
+	if (!bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_SOCKET_CLOSE) &&
+	    reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_NOT_SPECIFIED)) {
+		struct sock *sk = BPF_CORE_READ(skb, sk);
+
+		if (sk && BPF_CORE_READ(sk, __sk_common.skc_state) == 7 /* TCP_CLOSE */)
+			return true;
+	}
 	return (bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_QUEUE_PURGE) &&
 		reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_QUEUE_PURGE)) ||
 	       (bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_SOCKET_CLOSE) &&
@@ -737,7 +847,7 @@ int BPF_PROG(svt_drop, struct sk_buff *skb, void *location, enum skb_drop_reason
 	 * what it queued): neither counted nor reported, but with every packet.
 	 * It was one more ring record per connection, and a "1 dropped" in
 	 * every healthy flow's counters. */
-	if (!targ_all_packets && is_benign_free(reason))
+	if (!targ_all_packets && is_benign_free(skb, reason))
 		return 0;
 	nh = BPF_CORE_READ(skb, head) + BPF_CORE_READ(skb, network_header);
 	ct = ct_of_skb(skb);

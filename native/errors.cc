@@ -24,16 +24,34 @@ constexpr size_t kMaxLogLines = 400;
 bool g_verbose = false;
 
 int LibbpfPrint(enum libbpf_print_level level, const char* fmt, va_list args) {
-  char line[1024];
+  // One call can be a whole verifier log (its end says why it failed): sized
+  // to fit, then kept as lines.
+  char stack_buf[1024];
   va_list copy;
   va_copy(copy, args);
-  int n = vsnprintf(line, sizeof(line), fmt, copy);
+  int n = vsnprintf(stack_buf, sizeof(stack_buf), fmt, copy);
   va_end(copy);
   if (n < 0) return 0;
-  if (g_verbose) fputs(line, stderr);
+  std::string text;
+  if ((size_t)n < sizeof(stack_buf)) {
+    text.assign(stack_buf, (size_t)n);
+  } else {
+    text.resize((size_t)n + 1);
+    va_copy(copy, args);
+    vsnprintf(text.data(), text.size(), fmt, copy);
+    va_end(copy);
+    text.resize((size_t)n);
+  }
+  if (g_verbose) fputs(text.c_str(), stderr);
   if (level == LIBBPF_DEBUG && !g_verbose) return n;
   std::lock_guard<std::mutex> lock(g_log_mutex);
-  g_log.emplace_back(line);
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    end = end == std::string::npos ? text.size() : end + 1;
+    g_log.emplace_back(text.substr(start, end - start));
+    start = end;
+  }
   while (g_log.size() > kMaxLogLines) g_log.pop_front();
   return n;
 }

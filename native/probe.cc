@@ -110,6 +110,7 @@ Napi::Value ProbeFeatures(const Napi::CallbackInfo& info) {
   out.Set("tpBtf", ToJs(env, ProbeProgram([](probe_bpf* s) { return s->progs.probe_tp_btf; }, AttachAndDetach)));
   out.Set("kprobe", ToJs(env, ProbeProgram([](probe_bpf* s) { return s->progs.probe_kprobe; }, AttachAndDetach)));
   out.Set("fentry", ToJs(env, ProbeProgram([](probe_bpf* s) { return s->progs.probe_fentry; }, AttachAndDetach)));
+  out.Set("natFentry", ToJs(env, ProbeProgram([](probe_bpf* s) { return s->progs.probe_nat_fentry; }, AttachAndDetach)));
   return out;
 }
 

@@ -7,6 +7,8 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <errno.h>
+
+#include <array>
 #include <unistd.h>
 
 #include "errors.h"
@@ -67,7 +69,17 @@ Napi::Function Tracer::Init(Napi::Env env) {
                      });
 }
 
-// new Tracer({ snaplen?, allPackets?, ringBufferBytes?, statsIntervalMs?, benchSource? }):
+// The fentry backend's programs, one entry/exit pair per NAT hook function.
+static std::array<bpf_program*, 8> FentryPrograms(svctrace_bpf* s) {
+  return {s->progs.svt_fentry_nf_nat_ipv4_pre_routing, s->progs.svt_fexit_nf_nat_ipv4_pre_routing,
+          s->progs.svt_fentry_nf_nat_ipv4_local_fn,    s->progs.svt_fexit_nf_nat_ipv4_local_fn,
+          s->progs.svt_fentry_nf_nat_ipv4_out,         s->progs.svt_fexit_nf_nat_ipv4_out,
+          s->progs.svt_fentry_nf_nat_ipv4_local_in,    s->progs.svt_fexit_nf_nat_ipv4_local_in};
+}
+
+// new Tracer({ backend?, snaplen?, allPackets?, ringBufferBytes?, statsIntervalMs?, benchSource? }):
+// backend = "netfilter" (default) or "fentry" (the choice is made in JS,
+// from the kernel probes: src/tracer/backend.ts);
 // snaplen = bytes of each packet to capture (0 = off); ringBufferBytes = size
 // of the kernel ring buffer (a power of two, >= the page size);
 // statsIntervalMs = interval of the periodic per-flow counter records.
@@ -94,6 +106,13 @@ Tracer::Tracer(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Tracer>(info),
     throw Napi::RangeError::New(env, "statsIntervalMs must be 10..3600000");
   bool bench = opts.Get("benchSource").ToBoolean();
   bool all_packets = opts.Get("allPackets").ToBoolean();
+  Napi::Value backend = opts.Get("backend");
+  if (!backend.IsUndefined()) {
+    std::string b = backend.IsString() ? backend.As<Napi::String>().Utf8Value() : "";
+    if (b == "netfilter") backend_ = kBackendNetfilter;
+    else if (b == "fentry") backend_ = kBackendFentry;
+    else throw Napi::TypeError::New(env, "backend must be \"netfilter\" or \"fentry\"");
+  }
 
   skel_ = svctrace_bpf__open();
   if (!skel_) ThrowErrno(env, "svctrace_bpf__open", errno);
@@ -109,6 +128,14 @@ Tracer::Tracer(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Tracer>(info),
   ring_bytes_ = ring_bytes;
   // The benchmark event source is loaded only when asked for (bench/).
   bpf_program__set_autoload(skel_->progs.svt_bench_emit, bench);
+  // Only the chosen backend's programs are loaded: the other's program type
+  // or attach target may not exist on this kernel.
+  const bool nf = backend_ == kBackendNetfilter;
+  bpf_program__set_autoload(skel_->progs.svt_nf_before_nat, nf);
+  bpf_program__set_autoload(skel_->progs.svt_nf_after_nat, nf);
+  for (bpf_program* p : FentryPrograms(skel_)) bpf_program__set_autoload(p, !nf);
+  // Entry and exit of NAT's own hook: they sit at NAT's priority.
+  if (!nf) skel_->data->svt_prio_gap = 0;
   napi_add_env_cleanup_hook(env_, &Tracer::CleanupHook, this);
 }
 
@@ -149,11 +176,12 @@ Napi::Value Tracer::Load(const Napi::CallbackInfo& info) {
   ClearLibbpfLog();
   int err = svctrace_bpf__load(skel_);
   if (err) ThrowErrno(info.Env(), "bpf_object__load", err);
-  // Tracepoints (device crossings, drops, routing) are global; the skeleton
-  // attaches them. Netfilter programs have no auto-attach: they are attached
-  // per namespace by attachNetfilter().
+  // Tracepoints (device crossings, drops, routing) and the fentry backend's
+  // programs are global; the skeleton attaches them. Netfilter programs have
+  // no auto-attach: they are attached per namespace by attachNetfilter().
   err = svctrace_bpf__attach(skel_);
   if (err) ThrowErrno(info.Env(), "bpf_program__attach_trace", err);
+  if (backend_ == kBackendFentry) fentry_links_ = (int)FentryPrograms(skel_).size();
   loaded_ = true;
   return info.Env().Undefined();
 }
@@ -223,6 +251,26 @@ Napi::Value Tracer::AttachNetfilter(const Napi::CallbackInfo& info) {
   auto listener = std::make_unique<CtListener>(env, path, NetnsInode(path), services_, bpf_map__fd(skel_->maps.svt_flows),
                                                bpf_map__fd(skel_->maps.svt_flow_state),
                                                bpf_map__fd(skel_->maps.svt_stale_destroys), &skel_->bss->svt_active_flows);
+
+  if (backend_ == kBackendFentry) {
+    // The programs already run everywhere; they start reporting this
+    // namespace once its inode is in their list.
+    const uint64_t ino = NetnsInode(path);
+    if (ino == 0) ThrowErrno(env, "stat", errno, path);
+    bool known = false;
+    for (size_t i = 0; i < netns_count_; i++) known |= skel_->bss->svt_netns_inos[i] == (uint32_t)ino;
+    if (!known) {
+      if (netns_count_ >= sizeof(skel_->bss->svt_netns_inos) / sizeof(skel_->bss->svt_netns_inos[0]))
+        ThrowErrno(env, "attachNetfilter", ENOSPC, "at most 16 namespaces are traced with the fentry backend");
+      __atomic_store_n(&skel_->bss->svt_netns_inos[netns_count_++], (uint32_t)ino, __ATOMIC_RELEASE);
+    }
+    if (!on_batch_.IsEmpty()) listener->Start(env, on_batch_.Value(), "svctrace-ct-listener");
+    ct_listeners_.push_back(std::move(listener));
+    Napi::Object out = Napi::Object::New(env);
+    out.Set("netnsIno", Napi::Number::New(env, (double)ino));
+    out.Set("links", Napi::Number::New(env, fentry_links_));
+    return out;
+  }
 
   // The kernel refuses a second BPF program at the same hook and priority
   // (EBUSY): another svctrace holds them. Try the next distance from NAT,
@@ -318,7 +366,8 @@ Napi::Value Tracer::Stats(const Napi::CallbackInfo& info) {
   out.Set("ringBacklogBytes", Napi::Number::New(env, reader_ ? (double)reader_->ring_bytes() : 0));
   out.Set("readerPending", Napi::Number::New(env, reader_ ? (double)reader_->pending() : 0));
   out.Set("batchesInFlight", Napi::Number::New(env, reader_ ? (double)reader_->in_flight() : 0));
-  out.Set("links", Napi::Number::New(env, links_.size()));
+  out.Set("links", Napi::Number::New(env, links_.size() + fentry_links_));
+  out.Set("backend", Napi::String::New(env, backend_ == kBackendFentry ? "fentry" : "netfilter"));
   uint64_t ct_events = 0, ct_overruns = 0, listener_lost = 0;
   for (auto& l : ct_listeners_) {
     ct_events += l->events();

@@ -51,6 +51,12 @@ class Tracer : public Napi::ObjectWrap<Tracer> {
   std::vector<bpf_link*> links_;
   // Distance of this instance's netfilter programs from NAT (0: not attached yet).
   int prio_gap_ = 0;
+  // How the NAT-stage observers are attached: kBackendNetfilter (links per
+  // namespace) or kBackendFentry (global entry/exit of NAT's hook functions,
+  // filtered by svt_netns_inos).
+  enum Backend { kBackendNetfilter, kBackendFentry } backend_ = kBackendNetfilter;
+  int fentry_links_ = 0;
+  size_t netns_count_ = 0;
   std::unique_ptr<RingReader> reader_;
   std::shared_ptr<ServiceSet> services_ = std::make_shared<ServiceSet>();
   std::vector<std::unique_ptr<CtListener>> ct_listeners_;

@@ -8,6 +8,13 @@ set -euo pipefail
 
 PLAIN_PKGS=(clang llvm make cmake g++ pkg-config libelf-dev zlib1g-dev libmnl-dev
   iptables nftables conntrack iproute2 curl libcap2-bin util-linux tshark chromium wrk)
+# `setup-system.sh vm`: also what the kernel matrix (scripts/vm/) boots
+# Debian's kernels with: qemu, busybox for the initramfs, kmod (depmod on the
+# host, modprobe in the guest), xz for compressed modules, and ipvsadm and
+# ipset for the lab's kube-proxy IPVS mode (IPVS is in those kernels).
+if [ "${1:-}" = vm ]; then
+  PLAIN_PKGS+=(qemu-system-x86 busybox-static kmod xz-utils ipvsadm ipset)
+fi
 BACKPORT_PKGS=(libbpf-dev bpftool)
 
 need_update=0

@@ -183,7 +183,9 @@ function renderHealth(): void {
   conn.className = store.connected ? 'ok' : 'warn';
   conn.dataset.state = store.connected ? 'connected' : 'disconnected';
   $('replay-badge').hidden = !store.hello?.replay;
-  $('node').textContent = store.hello ? `${store.hello.node} · svctrace ${store.hello.serverVersion} · ${store.hello.services?.join(', ')}` : '';
+  $('node').textContent = store.hello
+    ? `${store.hello.node} · svctrace ${store.hello.serverVersion}${store.hello.attachBackend ? ` (${store.hello.attachBackend.split(':')[0]})` : ''} · ${store.hello.services?.join(', ')}`
+    : '';
   $('h-rate').textContent = s ? Number(s.eventsPerSecond ?? 0).toFixed(0) : '—';
   $('h-received').textContent = String(store.eventsReceived);
   $('h-lost').textContent = s ? String(s.kernelLost ?? 0) : '—';

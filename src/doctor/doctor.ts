@@ -6,7 +6,8 @@
  */
 import fs from 'node:fs';
 import { execFileSync } from 'node:child_process';
-import { loadBinding, ProbeResult } from '../native/binding';
+import { loadBinding, NativeFeatures, ProbeResult } from '../native/binding';
+import { Backend, chooseBackend } from '../tracer/backend';
 import { argvInNetns, CURRENT_NETNS, resolveNetns } from '../netns/netns';
 import { readKernelConfig } from './kernel-config';
 
@@ -19,6 +20,8 @@ export interface Check {
   detail: string;
   /** What to do when it is missing. */
   hint?: string;
+  /** The backend check only: what --backend auto picks here. */
+  backend?: Backend;
 }
 
 export interface DoctorReport {
@@ -61,6 +64,18 @@ function capabilityCheck(): Check {
 function fromProbe(id: string, name: string, r: ProbeResult | undefined, required: boolean, okDetail: string, hint: string): Check {
   if (!r) return { id, name, ok: false, required, detail: 'not probed (no privileges)', hint: 'run as root' };
   return { id, name, ok: r.ok, required, detail: r.ok ? okDetail : `${r.code}: ${r.message}`, hint: r.ok ? undefined : hint };
+}
+
+/** The attach backend `trace` would use with --backend auto, and why. */
+function backendCheck(features: NativeFeatures | undefined): Check {
+  const id = 'backend', name = 'attach backend';
+  if (!features) return { id, name, ok: false, required: true, detail: 'not probed (no privileges)', hint: 'run as root' };
+  try {
+    const c = chooseBackend('auto', features);
+    return { id, name, ok: true, required: true, detail: c.reason, backend: c.backend };
+  } catch (e) {
+    return { id, name, ok: false, required: true, detail: (e as Error).message, hint: 'svctrace needs netfilter links (Linux >= 6.4) or fentry with module BTF' };
+  }
 }
 
 function run(cmd: string, args: string[]): string | null {
@@ -130,13 +145,16 @@ export function runDoctor(opts: { netns?: string } = {}): DoctorReport {
     }
   }
   checks.push(fromProbe('ringbuf', 'ring buffer', features?.ringbuf, true, 'BPF_MAP_TYPE_RINGBUF created', 'needs Linux >= 5.8'));
-  checks.push(fromProbe('netfilterLink', 'netfilter link', features?.netfilterLink, true,
-    'BPF netfilter program attached with a link in a scratch namespace', 'needs Linux >= 6.4 with CONFIG_NETFILTER_BPF_LINK=y and libbpf >= 1.3'));
-  checks.push(fromProbe('tpBtf', 'tp_btf', features?.tpBtf, true, 'tp_btf/kfree_skb loaded and attached (drop reasons)', 'needs BTF-enabled tracepoints (Linux >= 5.5)'));
-  checks.push(fromProbe('kprobe', 'kprobes', features?.kprobe, false, 'kprobe attached (optional enrichment)',
-    'optional: kprobes unavailable on this kernel; svctrace uses tracepoints and netlink instead'));
-  checks.push(fromProbe('fentry', 'fentry', features?.fentry, false, 'fentry program loaded and attached (optional enrichment)',
-    'optional: fentry/fexit unavailable; svctrace uses tracepoints and netlink instead'));
+  checks.push(fromProbe('netfilterLink', 'netfilter link', features?.netfilterLink, false,
+    'BPF netfilter program attached with a link in a scratch namespace (backend netfilter)', 'needs Linux >= 6.4 with CONFIG_NETFILTER_BPF_LINK=y and libbpf >= 1.3; without it the fentry backend is used'));
+  checks.push(fromProbe('natFentry', 'fentry on nf_nat', features?.natFentry, false,
+    'fentry attached to nf_nat_ipv4_pre_routing (backend fentry)', 'needs BPF trampolines and module BTF (CONFIG_DEBUG_INFO_BTF_MODULES=y), with nf_nat loaded'));
+  checks.push(backendCheck(features));
+  checks.push(fromProbe('tpBtf', 'tp_btf', features?.tpBtf, true, 'tp_btf/kfree_skb loaded and attached (drop reasons)', 'needs BTF-enabled tracepoints and kfree_skb with its drop reason (Linux >= 5.17)'));
+  checks.push(fromProbe('kprobe', 'kprobes', features?.kprobe, false, 'kprobe attached (not used by svctrace yet)',
+    'optional: kprobes unavailable on this kernel (svctrace does not use them yet)'));
+  checks.push(fromProbe('fentry', 'fentry', features?.fentry, false, 'fentry program loaded and attached to a vmlinux function',
+    'optional: fentry/fexit unavailable'));
 
   const ipvsLoaded = fs.existsSync('/proc/net/ip_vs');
   const ipvsConfig = config?.get('CONFIG_IP_VS');

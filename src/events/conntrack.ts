@@ -32,6 +32,16 @@ export const IPS_SRC_NAT = 1 << 4;
 export const IPS_DST_NAT = 1 << 5;
 export const IPS_DYING = 1 << 9;
 
+/**
+ * The entry's destination was translated: netfilter DNAT (IPS_DST_NAT), or
+ * IPVS, which with net.ipv4.vs.conntrack=1 (kube-proxy's IPVS mode) points
+ * the entry's reply tuple at the real server without setting that bit. The
+ * reply then comes from somewhere other than where the client sent.
+ */
+export function destTranslated(status: number, orig: { daddr: string; dport: number }, reply: { saddr: string; sport: number }): boolean {
+  return (status & IPS_DST_NAT) !== 0 || (!!reply.saddr && (reply.saddr !== orig.daddr || reply.sport !== orig.dport));
+}
+
 const statusNameCache = new Map<number, readonly string[]>();
 
 /**

@@ -7,7 +7,7 @@
 import { svctrace } from '../gen/svctrace';
 import type { KernelEvent, RuleTrace } from '../events/decode';
 import { Dir, EventKind, NfStage } from '../events/layout';
-import { icmpUnreachName, IPS_CONFIRMED, IPS_DST_NAT, NF_HOOK_NAMES } from '../events/conntrack';
+import { destTranslated, icmpUnreachName, IPS_CONFIRMED, IPS_DST_NAT, NF_HOOK_NAMES } from '../events/conntrack';
 import type { Flow } from './types';
 
 import pb = svctrace.v1;
@@ -106,13 +106,22 @@ const LOCAL_OUT = NF_HOOK_NAMES.indexOf('LOCAL_OUT');
 function classifyNf(f: Flow, e: KernelEvent): Classification {
   const before = e.nfStage === NfStage.BEFORE_NAT;
   const dnatHook = e.nfHook === PRE_ROUTING || e.nfHook === LOCAL_OUT;
+  const translated = destTranslated(e.ctStatus, e.ctOrig, e.ctReply);
+  // IPVS translates after NAT's hooks (at LOCAL_IN for a client elsewhere,
+  // then re-sends the packet through LOCAL_OUT; just after NAT on LOCAL_OUT
+  // for one on the node): the first hook that sees the entry translated
+  // without conntrack's DST_NAT reports it.
+  if (e.dir === Dir.ORIGINAL && translated && !(e.ctStatus & IPS_DST_NAT) && !f.seen.includes('dnat')) {
+    return { stage: Stage.STAGE_DNAT, milestone: true, seenKey: 'dnat', effects: NO_EFFECTS };
+  }
   if (e.dir === Dir.ORIGINAL && dnatHook && before) {
     if (!(e.ctStatus & IPS_CONFIRMED)) return { stage: Stage.STAGE_MATCH, ...once(f, 'match'), effects: NO_EFFECTS };
     return { stage: Stage.STAGE_ARRIVE, milestone: false, effects: NO_EFFECTS };
   }
   if (e.dir === Dir.ORIGINAL && dnatHook) {
-    return { stage: Stage.STAGE_DNAT, ...once(f, e.ctStatus & IPS_DST_NAT ? 'dnat' : 'no-dnat'), effects: NO_EFFECTS };
+    return { stage: Stage.STAGE_DNAT, ...once(f, translated ? 'dnat' : 'no-dnat'), effects: NO_EFFECTS };
   }
+
   if (e.dir === Dir.ORIGINAL && !before) return { stage: Stage.STAGE_SNAT, ...once(f, 'snat'), effects: NO_EFFECTS };
   if (e.dir === Dir.REPLY && !before && e.pkt.saddr === e.ctOrig.daddr && e.pkt.sport === e.ctOrig.dport) {
     return { stage: Stage.STAGE_REPLY, ...once(f, 'reply'), effects: NO_EFFECTS };

@@ -12,7 +12,7 @@
 import { svctrace } from '../gen/svctrace';
 import { FlowStatsRecord, KernelEvent, RuleTrace, Tuple } from '../events/decode';
 import { Dir, EventKind, StatsReason } from '../events/layout';
-import { IPS_CONFIRMED, IPS_DST_NAT, IPS_SRC_NAT } from '../events/conntrack';
+import { destTranslated, IPS_CONFIRMED, IPS_DST_NAT, IPS_SRC_NAT } from '../events/conntrack';
 import { wallNs } from '../clock';
 import { TCP_CT_STATES } from '../events/conntrack';
 import { longFromBigint, protoTuple, toProtoEvent } from './to-proto';
@@ -478,7 +478,7 @@ export class FlowTable implements FlowTableView {
     if (e.ctOrig.proto === 6) f.tcpState = e.ctTcpState;
     if (!f.nodeNetnsIno) f.nodeNetnsIno = e.netnsIno;
     const wasDnat = f.dnat;
-    f.dnat = (e.ctStatus & IPS_DST_NAT) !== 0;
+    f.dnat = destTranslated(e.ctStatus, e.ctOrig, e.ctReply);
     f.masqueraded = (e.ctStatus & IPS_SRC_NAT) !== 0;
     // The backend's text is made when DNAT is first seen, or when the reply
     // tuple under the same flow changed (a new entry at the same address

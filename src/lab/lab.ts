@@ -17,6 +17,7 @@ import { SvctraceError } from '../errors';
 import { run, runIn } from './exec';
 import { argvInNetns } from '../netns/netns';
 import { KubeService, renderFilterTable, renderNatTable, renderNftKubeProxy } from './kube-rules';
+import { IPVS_DEVICE, renderIpvs } from './kube-ipvs';
 
 /** Every lab namespace name starts with this, then `<pid>-<random>-`. */
 export const LAB_PREFIX = 'svt-';
@@ -66,9 +67,12 @@ export interface LabOptions {
   services?: KubeService[];
   /** Add a second node joined by VXLAN, with one pod behind it (default false). */
   remoteNode?: boolean;
-  /** kube-proxy mode the rules are written in (default iptables, via iptables-nft; iptables-legacy for old nodes). */
-  proxyMode?: 'iptables' | 'nftables' | 'iptables-legacy';
+  /** kube-proxy mode the rules are written in (default iptables, via iptables-nft; iptables-legacy for old nodes; ipvs needs a kernel with IPVS, ipvsadm and ipset). */
+  proxyMode?: ProxyMode;
 }
+
+export const PROXY_MODES = ['iptables', 'nftables', 'iptables-legacy', 'ipvs'] as const;
+export type ProxyMode = (typeof PROXY_MODES)[number];
 
 export const POD_HTTP_PORT = 8080;
 export const POD_UDP_PORT = 5353;
@@ -218,7 +222,10 @@ export class Lab {
     const ipn = (...args: string[]) => run(['ip', '-n', node, ...args]);
     await this.addNetns(node);
     await runIn(node, ['sysctl', '-qw', 'net.ipv4.ip_forward=1']);
-    // Short conntrack timeouts so closed flows are destroyed quickly (lab only).
+    // Short conntrack timeouts so closed flows are destroyed quickly (lab
+    // only). The sysctls exist once conntrack is loaded: on a fresh machine
+    // (a VM of the kernel matrix) nothing has loaded it yet.
+    if (!fs.existsSync('/proc/sys/net/netfilter/nf_conntrack_max')) await run(['modprobe', 'nf_conntrack'], { allowFail: true });
     await runIn(node, ['sysctl', '-qw', 'net.netfilter.nf_conntrack_tcp_timeout_time_wait=2'], { allowFail: true });
     await runIn(node, ['sysctl', '-qw', 'net.netfilter.nf_conntrack_tcp_timeout_close=2'], { allowFail: true });
     await ipn('link', 'add', 'cni0', 'type', 'bridge');
@@ -304,7 +311,7 @@ export class Lab {
     this.remotePod = pod;
   }
 
-  proxyMode: 'iptables' | 'nftables' | 'iptables-legacy' = 'iptables';
+  proxyMode: ProxyMode = 'iptables';
   /** Whether the loaded rules have kube-proxy's MASQUERADE rule. */
   masquerade = true;
   /** The services the lab was built with (resetRules). */
@@ -313,6 +320,7 @@ export class Lab {
   /** (Re)loads the kube-proxy rules into the node namespace, in the lab's proxy mode. */
   async loadRules(opts: { masquerade: boolean }): Promise<void> {
     this.masquerade = opts.masquerade;
+    if (this.proxyMode === 'ipvs') return this.loadIpvs(opts);
     if (this.proxyMode === 'nftables') {
       const script = renderNftKubeProxy(this.services, { clusterCIDR: LAB_ADDR.podCIDR, masquerade: opts.masquerade });
       await runIn(this.nodeNetns, ['nft', '-f', '-'], { input: script });
@@ -322,6 +330,30 @@ export class Lab {
       renderNatTable(this.services, { clusterCIDR: LAB_ADDR.podCIDR, masquerade: opts.masquerade }) +
       renderFilterTable(this.services);
     await runIn(this.nodeNetns, [this.proxyMode === 'iptables-legacy' ? 'iptables-legacy-restore' : 'iptables-restore'], { input: text });
+  }
+
+  /**
+   * kube-proxy's IPVS mode (kube-ipvs.ts). The ip_vs modules are loaded by
+   * the kernel on the first ipvsadm command; IPVS state itself is per
+   * namespace, like the dummy device, the ipsets and the rules.
+   */
+  private async loadIpvs(opts: { masquerade: boolean }): Promise<void> {
+    if (!fs.existsSync('/proc/net/ip_vs')) await run(['modprobe', 'ip_vs'], { allowFail: true });
+    if (!fs.existsSync('/proc/net/ip_vs')) {
+      throw new SvctraceError('LAB', 'kube-proxy IPVS mode needs IPVS in the kernel (CONFIG_IP_VS), which this kernel lacks; the VM matrix (npm run test:kernels) has it');
+    }
+    await run(['modprobe', 'ip_vs_rr'], { allowFail: true });
+    const r = renderIpvs(this.services, { clusterCIDR: LAB_ADDR.podCIDR, nodeIPs: [LAB_ADDR.nodeIP], masquerade: opts.masquerade });
+    const ns = this.nodeNetns;
+    await runIn(ns, ['ip', 'link', 'add', IPVS_DEVICE, 'type', 'dummy'], { allowFail: true });
+    await runIn(ns, ['ip', 'addr', 'flush', 'dev', IPVS_DEVICE]);
+    for (const a of r.addresses) await runIn(ns, ['ip', 'addr', 'add', `${a}/32`, 'dev', IPVS_DEVICE]);
+    // The reply tuple then names the real server, and masquerade works.
+    await runIn(ns, ['sysctl', '-qw', 'net.ipv4.vs.conntrack=1']);
+    await runIn(ns, ['ipset', 'restore'], { input: r.ipset });
+    await runIn(ns, ['iptables-restore'], { input: r.iptables });
+    await runIn(ns, ['ipvsadm', '-C']);
+    await runIn(ns, ['ipvsadm', '-R'], { input: r.ipvsadm });
   }
 
   private startServer(pod: LabPod): Promise<void> {

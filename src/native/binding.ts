@@ -35,6 +35,8 @@ export interface NativeFeatures {
   tpBtf: ProbeResult;
   kprobe: ProbeResult;
   fentry: ProbeResult;
+  /** fentry on nf_nat's PRE_ROUTING hook function: the fentry backend's need. */
+  natFentry: ProbeResult;
 }
 
 /** A traced service as the addon takes it: host-order address (0 = any) and port. */
@@ -72,6 +74,8 @@ export interface NativeStats {
   readerPending: number;
   batchesInFlight: number;
   links: number;
+  /** The attach backend this tracer was loaded with. */
+  backend: 'netfilter' | 'fentry';
   /** Tracked flows the kernel believes alive (a hint: may over-count). */
   activeFlows: number;
   ctDestroyEvents: number;
@@ -101,7 +105,7 @@ export interface NativeTracer {
 }
 
 export interface NativeBinding {
-  Tracer: new (opts?: { snaplen?: number; benchSource?: boolean; allPackets?: boolean; ringBufferBytes?: number; statsIntervalMs?: number }) => NativeTracer;
+  Tracer: new (opts?: { backend?: 'netfilter' | 'fentry'; snaplen?: number; benchSource?: boolean; allPackets?: boolean; ringBufferBytes?: number; statsIntervalMs?: number }) => NativeTracer;
   probeFeatures(): NativeFeatures;
   layout(): NativeLayout;
   dropReasons(): Record<string, string>;

@@ -111,9 +111,19 @@ function netfilterSummary(e: pb.IEvent, pkt: string): string {
     case pb.Stage.STAGE_ARRIVE:
       return `before DNAT ${at}: ${pkt} [${statusText(c)}]`;
     case pb.Stage.STAGE_DNAT:
-      if (!e.afterNat || !original) break;
-      if (status & IPS_DST_NAT) return `DNAT ${at}: ${addr(orig.dst, orig.dstPort)} -> backend ${addr(reply.src, reply.srcPort)}`;
-      return `NOT DNATed ${at}: ${pkt} still goes to the service address (no kube-proxy rule matched)`;
+      if (!original) break;
+      if (status & IPS_DST_NAT) {
+        if (!e.afterNat) break;
+        return `DNAT ${at}: ${addr(orig.dst, orig.dstPort)} -> backend ${addr(reply.src, reply.srcPort)}`;
+      }
+      // IPVS (kube-proxy IPVS mode): the entry points at the real server.
+      if (reply.src && (reply.src !== orig.dst || reply.srcPort !== orig.dstPort)) {
+        return `DNAT by IPVS (seen ${at}): ${addr(orig.dst, orig.dstPort)} -> real server ${addr(reply.src, reply.srcPort)}`;
+      }
+      if (!e.afterNat) break;
+      // In IPVS mode this is the normal way in: IPVS translates later, at
+      // LOCAL_IN, and a "DNAT by IPVS" line follows.
+      return `NOT DNATed ${at}: ${pkt} still goes to the service address (no kube-proxy NAT rule matched; in IPVS mode, IPVS translates it next)`;
     case pb.Stage.STAGE_SNAT:
       if (!e.afterNat || !original) break;
       return status & IPS_SRC_NAT

@@ -31,6 +31,7 @@ import type { Flow, FlowSummary, FlowTableView, Ingested } from '../flows/types'
 import type { HubSource } from '../stream/hub';
 import type { svctrace } from '../gen/svctrace';
 import { Tracer, TracerStats } from '../tracer/tracer';
+import type { BackendChoice, BackendRequest } from '../tracer/backend';
 import { kernelLosses, StageLosses, totalLost } from '../tracer/losses';
 import { ApiNames } from './api-names';
 import { RulePaths } from './rule-paths';
@@ -43,6 +44,8 @@ export interface PipelineOptions {
   netns?: string[];
   /** Kubeconfig for naming services and pods; undefined: $KUBECONFIG, ~/.kube/config or in-cluster, if any; false: never ask an API (the lab has none). */
   kubeconfig?: string | false;
+  /** How the kernel side attaches (default auto: the best this kernel offers). */
+  attachBackend?: BackendRequest;
   /** Every packet at every hook instead of the transitions. */
   allPackets?: boolean;
   /** Packet bytes to capture per event (0 = off, the default). */
@@ -70,6 +73,8 @@ export interface SinkContext {
   readonly netns: readonly string[];
   /** The node's kube-proxy rules. */
   readonly discovery: Discovery;
+  /** The attach backend in use, and why. */
+  readonly attachBackend: BackendChoice;
   /** The Kubernetes API, when one answered. */
   readonly cluster: Cluster | null;
   /** The flow table, read-only. */
@@ -144,7 +149,7 @@ export class Pipeline {
     let p: Pipeline | undefined;
     try {
       // Loading first: permission and verifier errors come before any output starts.
-      tracer = Tracer.open({ snaplen: opts.snaplen, allPackets: opts.allPackets, ringBufferBytes: opts.ringBufferBytes, statsIntervalMs: opts.statsIntervalMs });
+      tracer = Tracer.open({ backend: opts.attachBackend, snaplen: opts.snaplen, allPackets: opts.allPackets, ringBufferBytes: opts.ringBufferBytes, statsIntervalMs: opts.statsIntervalMs });
       tracer.setServices(opts.services);
       const names = new NetnsNames();
       if (cluster) {
@@ -226,6 +231,7 @@ export class Pipeline {
       services: this.services,
       netns: this.netns,
       discovery: this.discovery,
+      attachBackend: this.tracer.attachBackend,
       cluster: this.cluster,
       flows: this.flows,
       backendName: this.backendName,
@@ -233,6 +239,11 @@ export class Pipeline {
       stats: () => this.stats(),
       losses: () => this.losses(),
     };
+  }
+
+  /** The attach backend in use, and why. */
+  get attachBackend(): BackendChoice {
+    return this.tracer.attachBackend;
   }
 
   /** The flow table, read-only. */
@@ -248,6 +259,7 @@ export class Pipeline {
     const changed = (this.changed ??= new Map());
     return {
       services: this.services.map(serviceLabel),
+      attachBackend: this.tracer.attachBackend.reason,
       kernelLost: () => totalLost(this.losses()),
       lostByStage: () => this.losses(),
       activeFlows: () => this.table.size,

@@ -64,6 +64,7 @@ export function inspect(path: string): { text: string; recording: Recording } {
   out.push(`recording ${path}`);
   if (h) {
     out.push(`  recorded by svctrace ${h.toolVersion} on ${h.node} (kernel ${h.kernel}) at ${h.startedAt}`);
+    if (h.attachBackend) out.push(`  attach backend ${h.attachBackend}`);
     out.push(`  services: ${h.services.join(', ')}; namespaces: ${h.netns.join(', ')}; snaplen ${h.snaplen}`);
   }
   const t = rec.trailer;

@@ -32,6 +32,7 @@ export interface RecordOptions {
   kubeconfig?: string | false;
   snaplen: number;
   allPackets?: boolean;
+  attachBackend?: import('../tracer/backend').BackendRequest;
   ringBufferBytes?: number;
   statsIntervalMs?: number;
   durationS?: number;
@@ -74,6 +75,7 @@ export async function record(opts: RecordOptions): Promise<pb.IRecordingTrailer>
       kubeconfig: opts.kubeconfig,
       snaplen: opts.snaplen,
       allPackets: opts.allPackets,
+      attachBackend: opts.attachBackend,
       ringBufferBytes: opts.ringBufferBytes,
       statsIntervalMs: opts.statsIntervalMs,
       onWarning: opts.onWarning,
@@ -96,6 +98,7 @@ export async function record(opts: RecordOptions): Promise<pb.IRecordingTrailer>
           capabilities: Object.fromEntries(doctor.checks.map((c) => [c.id, c.ok])),
           snaplen: opts.snaplen,
           command: opts.command ?? '',
+          attachBackend: ctx.attachBackend.reason,
         }).finish(),
       );
       writer.write(ChunkType.SNAPSHOT, pb.NodeSnapshot.encode(await takeSnapshot([...ctx.netns], [...ctx.services])).finish());

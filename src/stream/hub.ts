@@ -29,6 +29,8 @@ export interface HubSource {
   takeChangedFlows?(wanted: boolean): pb.IFlow[];
   /** What the kube-proxy rules say about the traced services (sent in Hello). */
   rules?: pb.IServiceRules[];
+  /** The tracer's attach backend and why (sent in Hello). */
+  attachBackend?: string;
 }
 
 export class Hub {
@@ -70,7 +72,7 @@ export class Hub {
     }
     const c = new ClientConn(this.nextId++, ws, remote, this.limits, (x) => this.clients.delete(x));
     this.clients.add(c);
-    c.sendControl(serverFrame({ hello: { serverVersion: VERSION, services: this.source.services, node: os.hostname(), replay: !!this.source.replay, instance: this.instance, rules: this.source.rules ?? [] } }));
+    c.sendControl(serverFrame({ hello: { serverVersion: VERSION, services: this.source.services, node: os.hostname(), replay: !!this.source.replay, instance: this.instance, rules: this.source.rules ?? [], attachBackend: this.source.attachBackend ?? '' } }));
     c.sendControl(serverFrame({ status: this.statusFor(c) }));
     return c;
   }

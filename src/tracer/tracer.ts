@@ -7,12 +7,13 @@ import fs from 'node:fs';
 import { fromNativeError, SvctraceError } from '../errors';
 import { decodeBatch, decodeRuleTraces, DecodedBatch, RuleTrace } from '../events/decode';
 import { parseIPv4, ServiceSpec } from '../net/ipv4';
-import { loadBinding, NativeStats, NativeTracer } from '../native/binding';
+import { loadBinding, NativeFeatures, NativeStats, NativeTracer } from '../native/binding';
 import { Channel, FLOW_STATS } from '../events/layout';
 import { ChannelMerge } from './channel-merge';
 import { resolveNetns } from '../netns/netns';
 import { serviceIdsOf } from '../flows/service-ids';
 import { monoNowNs } from '../clock';
+import { BackendChoice, BackendRequest, chooseBackend, defaultBackend } from './backend';
 
 export type TracerStats = NativeStats & { batchCallbacks: number; decodeErrors: number };
 
@@ -29,6 +30,8 @@ function installExitHook(): void {
 }
 
 export interface TracerOpenOptions {
+  /** Attach strategy (default auto: the best the kernel offers, see backend.ts). */
+  backend?: BackendRequest;
   snaplen?: number;
   allPackets?: boolean;
   ringBufferBytes?: number;
@@ -47,9 +50,12 @@ export class Tracer {
   private decodeErrors = 0;
   private lastStats: TracerStats | null = null;
   readonly attached: AttachedNetns[] = [];
+  /** The attach backend in use, and why it was chosen. */
+  readonly attachBackend: BackendChoice;
 
-  private constructor(native: NativeTracer) {
+  private constructor(native: NativeTracer, backend: BackendChoice) {
     this.native = native;
+    this.attachBackend = backend;
     openTracers.add(this);
     installExitHook();
   }
@@ -64,8 +70,21 @@ export class Tracer {
   static open(opts: TracerOpenOptions = {}): Tracer {
     const binding = loadBinding();
     let native: NativeTracer;
+    const request = opts.backend ?? defaultBackend();
+    // Only auto needs the probes; an explicit backend's load error speaks for itself.
+    const probes: Partial<NativeFeatures> = request === 'auto' ? binding.probeFeatures() : {};
+    let backend: BackendChoice;
+    try {
+      backend = chooseBackend(request, probes);
+    } catch (e) {
+      // Without privileges every probe is refused: loading then says which
+      // capabilities are missing, which is the error to show.
+      if (probes.netfilterLink?.code !== 'EPERM') throw e;
+      backend = { backend: 'netfilter', reason: 'netfilter (the kernel refused the probes: not permitted)' };
+    }
     try {
       native = new binding.Tracer({
+        backend: backend.backend,
         snaplen: opts.snaplen ?? 0,
         allPackets: !!opts.allPackets,
         ...(opts.ringBufferBytes !== undefined ? { ringBufferBytes: opts.ringBufferBytes } : {}),
@@ -73,9 +92,9 @@ export class Tracer {
       });
       native.load();
     } catch (e) {
-      throw fromNativeError(e);
+      throw backendLoadError(backend, fromNativeError(e));
     }
-    return new Tracer(native);
+    return new Tracer(native, backend);
   }
 
   private get n(): NativeTracer {
@@ -295,4 +314,20 @@ export function otherSvctraceProcesses(): Array<{ pid: number; cmd: string }> {
     }
   }
   return out;
+}
+
+/**
+ * The fentry backend attaches to functions of the nf_nat module: with no NAT
+ * rule anywhere on the node the module is not loaded, and libbpf only says
+ * it found no such function.
+ */
+function backendLoadError(backend: BackendChoice, err: SvctraceError): SvctraceError {
+  if (backend.backend === 'fentry' && (err.errno === 2 || err.errno === 3) && !fs.existsSync('/sys/module/nf_nat')) {
+    return new SvctraceError('KERNEL_UNSUPPORTED', 'the fentry backend observes the nf_nat module, which is not loaded: this node has no NAT rules (no kube-proxy rules yet?)', {
+      errno: err.errno,
+      op: err.op,
+      cause: err,
+    });
+  }
+  return err;
 }

@@ -34,8 +34,16 @@ export class FlowLog {
   }
 }
 
+/**
+ * How much slower than this machine the test host is: the VM matrix sets
+ * SVT_TEST_TIME_SCALE for emulated guests. Readiness waits and test
+ * timeouts stretch by it; what the tests assert does not change.
+ */
+export const TIME_SCALE = Math.max(1, Number(process.env.SVT_TEST_TIME_SCALE) || 1);
+
+/** Polls `cond` until it holds or ms (times TIME_SCALE) pass. */
 export async function waitFor(cond: () => boolean, ms: number, step = 50): Promise<boolean> {
-  const end = Date.now() + ms;
+  const end = Date.now() + ms * TIME_SCALE;
   while (Date.now() < end) {
     if (cond()) return true;
     await new Promise((r) => setTimeout(r, step));

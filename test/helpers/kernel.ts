@@ -5,23 +5,50 @@
  */
 import { test, TestContext } from 'node:test';
 import { execFileSync } from 'node:child_process';
+import { Backend, chooseBackend, defaultBackend } from '../../src/tracer/backend';
+import { loadBinding } from '../../src/native/binding';
+import { TIME_SCALE } from './flows';
 
 export const IN_CI = process.env.CI === 'true';
 export const IS_ROOT = process.getuid?.() === 0;
 
 export function kernelTest(name: string, fn: (t: TestContext) => Promise<void> | void, opts: { timeout?: number } = {}): void {
   const skip = !IS_ROOT && !IN_CI ? 'kernel test: needs root (runs as root in CI, where CI=true makes it mandatory)' : false;
-  test(name, { skip, timeout: opts.timeout ?? 120_000 }, async (t) => {
+  test(name, { skip, timeout: (opts.timeout ?? 120_000) * TIME_SCALE }, async (t) => {
     if (!IS_ROOT) throw new Error('CI=true: kernel tests must run as root');
     await fn(t);
   });
 }
 
-/** Netfilter BPF links currently attached on the machine (bpftool's view, independent of svctrace). */
+/**
+ * Links of svctrace's NAT-stage programs attached on the machine (bpftool's
+ * view, independent of svctrace): netfilter links, or with the fentry
+ * backend the fentry/fexit links on NAT's hook functions.
+ */
 export function netfilterLinks(): Array<{ id: number; hook?: number; prio?: number; prog_id?: number }> {
   const out = execFileSync('bpftool', ['-j', 'link', 'list'], { encoding: 'utf8' });
-  const links = JSON.parse(out || '[]') as Array<{ id: number; type: string; hook?: number; prio?: number; prog_id?: number }>;
-  return links.filter((l) => l.type === 'netfilter');
+  const links = JSON.parse(out || '[]') as Array<{ id: number; type: string; attach_type?: string; hook?: number; prio?: number; prog_id?: number }>;
+  return links.filter((l) => l.type === 'netfilter' || (l.type === 'tracing' && (l.attach_type === 'trace_fentry' || l.attach_type === 'trace_fexit')));
+}
+
+let backendCache: Backend | undefined;
+
+/** The attach backend a tracer opened now picks ($SVCTRACE_BACKEND, else the kernel's best). */
+export function testBackend(): Backend {
+  if (backendCache) return backendCache;
+  const req = defaultBackend();
+  backendCache = req === 'auto' ? chooseBackend('auto', loadBinding().probeFeatures()).backend : req;
+  return backendCache;
+}
+
+/**
+ * Priority an event reports for a NAT stage: the netfilter backend's first
+ * instance sits one from NAT (-101/-99 around DNAT, 99/101 around SNAT);
+ * fentry observes NAT's own hook, at its priority.
+ */
+export function natStagePriority(nat: -100 | 100, stage: 'before' | 'after'): number {
+  const gap = testBackend() === 'netfilter' ? 1 : 0;
+  return stage === 'before' ? nat - gap : nat + gap;
 }
 
 export function netnsList(): string[] {

@@ -14,7 +14,7 @@ import { after, before, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import { ChildProcess, spawn } from 'node:child_process';
 import { kernelTest, IS_ROOT, sleep } from '../helpers/kernel';
-import { FlowLog, waitFor } from '../helpers/flows';
+import { FlowLog, TIME_SCALE, waitFor } from '../helpers/flows';
 import { Lab } from '../../src/lab/lab';
 import { runIn } from '../../src/lab/exec';
 import { argvInNetns } from '../../src/netns/netns';
@@ -184,15 +184,32 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
         delivered += b.events.length + b.stats.length;
         if (!stalled && delivered > 0) {
           stalled = true;
-          // The JS thread blocks for 2 s, as a slow sink would.
-          Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 2000);
+          // The JS thread blocks, as a slow sink would: 2 s at a time until
+          // the reader has held back and the ring has overflowed (one slice
+          // on a fast machine; more on a slow one, such as an emulated VM of
+          // the kernel matrix, where the same traffic takes longer).
+          const until = Date.now() + 60_000 * TIME_SCALE;
+          const done = () => {
+            const st = tracer.stats();
+            return st.readerHeldBack > 0 && st.ringbufLost > 0;
+          };
+          do Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 2000);
+          while (!done() && Date.now() < until);
         }
       });
-      // Traffic from a process of its own, so it goes on while JS is blocked.
-      const [cmd, ...args] = argvInNetns(lab.clientNetns, ['sh', '-c', `for i in $(seq 150); do curl -s -o /dev/null --max-time 2 http://${web.clusterIP}/; done`]);
+      // Traffic from a process of its own, so it goes on while JS is
+      // blocked; it runs until the stall is over, then a little longer.
+      const [cmd, ...args] = argvInNetns(lab.clientNetns, ['sh', '-c', `while :; do curl -s -o /dev/null --max-time 2 http://${web.clusterIP}/; done`]);
       const load = spawn(cmd!, args, { stdio: 'ignore' });
       const loadDone = new Promise((r) => load.once('exit', r));
-      await loadDone;
+      try {
+        assert.ok(await waitFor(() => stalled, 30_000), 'the first events arrived');
+        // The callback returned: JS is back.
+        await sleep(500);
+      } finally {
+        load.kill();
+        await loadDone;
+      }
       assert.ok(await tracer.drain(10_000), 'the reader caught up once JS was back');
       const st = tracer.stats();
       assert.ok(stalled, 'the consumer stalled');

@@ -35,8 +35,12 @@ const HEADER = '#include "vmlinux.h"\n#include <bpf/bpf_helpers.h>\n#include <bp
 
 describe('svctrace doctor (kernel)', () => {
   kernelTest('doctor --json agrees with the kernel config and with bpftool', async () => {
-    const out = execFileSync(process.execPath, [CLI, 'doctor', '--json'], { encoding: 'utf8' });
-    const report = JSON.parse(out) as { ready: boolean; checks: Array<{ id: string; ok: boolean; required: boolean }> };
+    // On a node kube-proxy's rules keep conntrack and NAT loaded; a fresh VM has neither yet.
+    spawnSync('modprobe', ['nf_nat'], { stdio: 'ignore' });
+    // Exit 1 when not ready (5.10): the report says why either way.
+    const run = spawnSync(process.execPath, [CLI, 'doctor', '--json'], { encoding: 'utf8' });
+    const out = run.stdout;
+    const report = JSON.parse(out) as { ready: boolean; checks: Array<{ id: string; ok: boolean; required: boolean; backend?: string }> };
     const ok = (id: string) => {
       const c = report.checks.find((x) => x.id === id);
       assert.ok(c, `doctor has no '${id}' check`);
@@ -54,11 +58,22 @@ describe('svctrace doctor (kernel)', () => {
 
     // fentry and tp_btf: whatever bpftool's loader gets from this kernel.
     const fentry = bpftoolLoads('fentry', HEADER + 'SEC("fentry/nf_conntrack_destroy") int BPF_PROG(f) { return 0; }\n');
-    const tpBtf = bpftoolLoads('tpbtf', HEADER + 'SEC("tp_btf/kfree_skb") int BPF_PROG(t, struct sk_buff *skb) { return 0; }\n');
+    // With the drop reason, as svctrace reads it (Linux >= 5.17).
+    const tpBtf = bpftoolLoads('tpbtf', HEADER + 'SEC("tp_btf/kfree_skb") int BPF_PROG(t, struct sk_buff *skb, void *loc, enum skb_drop_reason reason) { return reason; }\n');
     assert.equal(ok('fentry'), fentry, `fentry: doctor says ${ok('fentry')}, bpftool load says ${fentry}`);
     assert.equal(ok('tpBtf'), tpBtf, `tp_btf: doctor says ${ok('tpBtf')}, bpftool load says ${tpBtf}`);
 
-    // The core path works on the machines this project runs on.
-    assert.equal(report.ready, true);
+    // The backend: netfilter links where the config has them, else fentry
+    // on nf_nat's hook where bpftool can attach one there.
+    const natFentry = bpftoolLoads('natfentry', HEADER + 'SEC("fentry/nf_nat_ipv4_pre_routing") int BPF_PROG(f) { return 0; }\n');
+    assert.equal(ok('natFentry'), natFentry, `fentry on nf_nat: doctor says ${ok('natFentry')}, bpftool load says ${natFentry}`);
+    const backend = report.checks.find((c) => c.id === 'backend')?.backend;
+    const expected = yes('CONFIG_NETFILTER_BPF_LINK') ? 'netfilter' : natFentry ? 'fentry' : undefined;
+    assert.equal(backend, expected, 'the backend auto picks');
+
+    // Ready exactly where a backend and the drop tracepoint work (this
+    // project's hosts, 6.1, 6.12); elsewhere (5.10) doctor says not ready.
+    assert.equal(report.ready, expected !== undefined && tpBtf && yes('CONFIG_DEBUG_INFO_BTF') && yes('CONFIG_NF_CONNTRACK_EVENTS'), 'ready');
+    assert.equal(run.status, report.ready ? 0 : 1, `doctor's exit code: ${run.stderr}`);
   });
 });

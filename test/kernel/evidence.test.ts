@@ -11,7 +11,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import protobuf from 'protobufjs';
-import { kernelTest, IS_ROOT, sleep } from '../helpers/kernel';
+import { kernelTest, IS_ROOT, natStagePriority, sleep } from '../helpers/kernel';
 import { waitFor } from '../helpers/flows';
 import { Lab } from '../../src/lab/lab';
 
@@ -114,9 +114,9 @@ describe('evidence: record, verify, replay, export (kernel)', () => {
       const mine = rows.filter((r) => r[1] === String(port));
       const served = lab.served.find((s) => s.client.endsWith(`:${port}`))!;
       const pod = lab.pods.find((p) => p.name === served.pod)!;
-      assert.ok(mine.some((r) => r[0] === web.clusterIP && r[2] === '80' && /matches 10\.96\.0\.100:80\/tcp @ LOCAL_OUT -101/.test(r[3]!)), `ClusterIP packet of client port ${port}`);
+      assert.ok(mine.some((r) => r[0] === web.clusterIP && r[2] === '80' && new RegExp(`matches 10\\.96\\.0\\.100:80/tcp @ LOCAL_OUT ${natStagePriority(-100, 'before')}`).test(r[3]!)), `ClusterIP packet of client port ${port}`);
       assert.ok(
-        mine.some((r) => r[0] === pod.ip && r[2] === '8080' && new RegExp(`DNAT @ LOCAL_OUT -99: 10\\.96\\.0\\.100:80 -> backend ${pod.ip.replace(/\./g, '\\.')}:8080`).test(r[3]!)),
+        mine.some((r) => r[0] === pod.ip && r[2] === '8080' && new RegExp(`DNAT @ LOCAL_OUT ${natStagePriority(-100, 'after')}: 10\\.96\\.0\\.100:80 -> backend ${pod.ip.replace(/\./g, '\\.')}:8080`).test(r[3]!)),
         `DNATed packet of client port ${port} to ${pod.ip}`,
       );
     }

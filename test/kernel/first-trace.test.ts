@@ -6,7 +6,7 @@
  */
 import { after, before, describe } from 'node:test';
 import assert from 'node:assert/strict';
-import { kernelTest, netfilterLinks, netnsList, sleep, IS_ROOT } from '../helpers/kernel';
+import { kernelTest, natStagePriority, netfilterLinks, netnsList, sleep, IS_ROOT } from '../helpers/kernel';
 import { Lab, LabPod, POD_HTTP_PORT } from '../../src/lab/lab';
 import { Tracer } from '../../src/tracer/tracer';
 import { KernelEvent } from '../../src/events/decode';
@@ -39,7 +39,7 @@ describe('first real trace (kernel)', () => {
     tracer.setServices([parseServiceSpec(`${web.clusterIP}:${web.port}`)]);
     const att = tracer.attachNetns(lab.nodeNetns);
     assert.equal(att.links, 8);
-    // bpftool (not svctrace) sees our eight netfilter links.
+    // bpftool (not svctrace) sees our eight links (netfilter, or fentry/fexit on NAT's four hook functions).
     assert.equal(netfilterLinks().length, linksBefore + 8);
     let statsRecords = 0;
     tracer.start((b) => {
@@ -61,8 +61,8 @@ describe('first real trace (kernel)', () => {
       const port = Number(served.client.split(':')[1]);
       const mine = events.filter((e) => e.kind === EventKind.NF && e.ctOrig.sport === port);
       const out = mine.filter((e) => NF_HOOK_NAMES[e.nfHook] === 'LOCAL_OUT');
-      const beforeDnat = out.find((e) => e.nfStage === NfStage.BEFORE_NAT && e.nfPriority === -101);
-      const afterDnat = out.find((e) => e.nfStage === NfStage.AFTER_NAT && e.nfPriority === -99);
+      const beforeDnat = out.find((e) => e.nfStage === NfStage.BEFORE_NAT && e.nfPriority === natStagePriority(-100, 'before'));
+      const afterDnat = out.find((e) => e.nfStage === NfStage.AFTER_NAT && e.nfPriority === natStagePriority(-100, 'after'));
       assert.ok(beforeDnat, `no before-DNAT record for client port ${port}`);
       assert.ok(afterDnat, `no after-DNAT record for client port ${port}`);
       assert.equal(beforeDnat.pkt.daddr, web.clusterIP);

@@ -8,7 +8,7 @@ import { Dir, EventKind, NfStage } from '../../src/events/layout';
 import { IPS_CONFIRMED, IPS_DST_NAT, IPS_SRC_NAT } from '../../src/events/conntrack';
 import type { KernelEvent } from '../../src/events/decode';
 import { svctrace } from '../../src/gen/svctrace';
-import { ev, orig } from '../helpers/kernel-events';
+import { ev, orig, reply, unNatted } from '../helpers/kernel-events';
 
 import pb = svctrace.v1;
 
@@ -32,6 +32,20 @@ const after = { nfStage: NfStage.AFTER_NAT, nfPriority: -99 };
 const confirmed = IPS_CONFIRMED | IPS_DST_NAT;
 
 describe('eventSummary (rendered at the edge)', () => {
+  it('kube-proxy IPVS mode: not DNATed by NAT, then DNAT by IPVS where the entry first names the real server', () => {
+    // A client elsewhere: NAT leaves the VIP (IPVS acts at LOCAL_IN), then
+    // the packet IPVS re-sends through LOCAL_OUT has the entry's reply
+    // tuple pointing at the real server, without conntrack's DST_NAT bit.
+    const s = summaries([
+      ev({ tsNs: 1n, nfHook: 0 }),
+      ev({ tsNs: 2n, nfHook: 0, ...after, ctReply: unNatted }),
+      ev({ tsNs: 3n, nfHook: 3, ctReply: reply, pkt: { ...orig, daddr: reply.saddr, dport: reply.sport } }),
+      ev({ tsNs: 4n, nfHook: 3, ...after, ctReply: reply }),
+    ]);
+    assert.match(s[1]!, /^NOT DNATed @ PRE_ROUTING -99: .*in IPVS mode, IPVS translates it next/);
+    assert.equal(s[2], 'DNAT by IPVS (seen @ LOCAL_OUT -101): 10.96.0.100:80 -> real server 10.244.1.12:8080');
+  });
+
   it('the path of a connection: match, DNAT, SNAT, device into the pod, reply un-DNAT, close', () => {
     const s = summaries([
       ev({ tsNs: 1n }),

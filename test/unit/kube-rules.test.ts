@@ -1,6 +1,7 @@
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { endpointProbability, renderNatTable, svcChain, KubeService } from '../../src/lab/kube-rules';
+import { renderIpvs } from '../../src/lab/kube-ipvs';
 
 const web: KubeService = {
   namespace: 'default', name: 'web', portName: 'http', clusterIP: '10.96.0.100', port: 80, proto: 'tcp', nodePort: 30080,
@@ -28,5 +29,25 @@ describe('kube-proxy rule rendering', () => {
   });
   it('omits MASQUERADE when asked', () => {
     assert.doesNotMatch(renderNatTable([web], { clusterCIDR: '10.244.0.0/16', masquerade: false }), /MASQUERADE/);
+  });
+});
+
+describe('kube-proxy IPVS mode rendering', () => {
+  const dns: KubeService = { namespace: 'kube-system', name: 'kube-dns', portName: 'dns', clusterIP: '10.96.0.10', port: 53, proto: 'udp', endpoints: [{ ip: '10.244.1.10', port: 5353 }], affinitySeconds: 10800 };
+  const r = renderIpvs([web, dns], { clusterCIDR: '10.244.0.0/16', nodeIPs: ['10.250.0.1'] });
+  it('a virtual server per ClusterIP:port and node address:NodePort, real servers in masquerade mode', () => {
+    const lines = r.ipvsadm.trim().split('\n');
+    assert.deepEqual(lines.filter((l) => l.startsWith('-A ')), ['-A -t 10.96.0.100:80 -s rr', '-A -t 10.250.0.1:30080 -s rr', '-A -u 10.96.0.10:53 -s rr -p 10800']);
+    assert.equal(lines.filter((l) => l.startsWith('-a -t 10.96.0.100:80 -r ') && l.endsWith(' -m -w 1')).length, 3);
+    assert.ok(lines.includes('-a -u 10.96.0.10:53 -r 10.244.1.10:5353 -m -w 1'));
+    assert.deepEqual(r.addresses, ['10.96.0.100', '10.96.0.10']);
+  });
+  it('ipsets and mark-only nat rules, as kube-proxy writes them', () => {
+    assert.match(r.ipset, /^add KUBE-CLUSTER-IP 10\.96\.0\.100,tcp:80$/m);
+    assert.match(r.ipset, /^add KUBE-NODE-PORT-TCP 30080$/m);
+    assert.match(r.iptables, /-A KUBE-SERVICES ! -s 10\.244\.0\.0\/16 .*--match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ/);
+    assert.doesNotMatch(r.iptables, /DNAT/, 'the balancing is IPVS\'s');
+    assert.match(r.iptables, /MASQUERADE --random-fully/);
+    assert.doesNotMatch(renderIpvs([web], { clusterCIDR: '10.244.0.0/16', nodeIPs: [], masquerade: false }).iptables, /MASQUERADE/);
   });
 });

@@ -35,7 +35,8 @@ function connection(n: number, backendHost: number, opts: { replyNs?: bigint; ma
   const t0 = BigInt(n) * 1_000_000_000n;
   const nat = IPS_DST_NAT | (opts.masquerade ? IPS_SRC_NAT : 0);
   const evs = [
-    ev({ ctId, tsNs: t0, ctOrig: o, ctReply: r, pkt: o }),
+    // Before DNAT the entry's reply tuple is the original reversed.
+    ev({ ctId, tsNs: t0, ctOrig: o, ctReply: { saddr: o.daddr, daddr: o.saddr, sport: o.dport, dport: o.sport, proto: 6 }, pkt: o }),
     ev({ ctId, tsNs: t0 + 10_000n, ctOrig: o, ctReply: r, nfStage: NfStage.AFTER_NAT, nfPriority: -99, ctStatus: nat }),
   ];
   if (opts.replyNs !== undefined) {

@@ -1,5 +1,6 @@
 import { Command } from 'commander';
-import { Lab } from '../../lab/lab';
+import { Lab, PROXY_MODES, ProxyMode } from '../../lab/lab';
+import { SvctraceError } from '../../errors';
 import { svcPortName } from '../../lab/kube-rules';
 import { waitForStop } from '../../pipeline/lifecycle';
 import { parseDuration } from '../options';
@@ -10,12 +11,16 @@ export function registerLab(program: Command): void {
     .description('stand up the built-in lab (network namespaces only) and keep it until Ctrl-C, to trace it by hand')
     .option('--pods <n>', 'pods behind the web service', '3')
     .option('--duration <seconds>', 'tear down after this many seconds')
-    .action(async (opts: { pods: string; duration?: string }) => {
+    .option('--proxy-mode <mode>', 'kube-proxy mode of the rules: iptables, nftables, iptables-legacy or ipvs (ipvs needs a kernel with IPVS)', 'iptables')
+    .action(async (opts: { pods: string; duration?: string; proxyMode: string }) => {
       const duration = parseDuration(opts.duration);
-      const lab = await Lab.up({ pods: Number(opts.pods), remoteNode: true });
+      if (!(PROXY_MODES as readonly string[]).includes(opts.proxyMode)) {
+        throw new SvctraceError('BAD_INPUT', `--proxy-mode must be one of ${PROXY_MODES.join(', ')} (got '${opts.proxyMode}')`);
+      }
+      const lab = await Lab.up({ pods: Number(opts.pods), remoteNode: true, proxyMode: opts.proxyMode as ProxyMode });
       try {
         const lines = [
-          `lab up: node namespace ${lab.nodeNetns}`,
+          `lab up: node namespace ${lab.nodeNetns} (kube-proxy ${lab.proxyMode} mode)`,
           `  pods: ${[...lab.pods, ...(lab.remotePod ? [lab.remotePod] : [])].map((p) => `${p.netns}=${p.ip}`).join(' ')}`,
           `  client namespace ${lab.clientNetns} (10.250.0.2), node address 10.250.0.1`,
           '  services:',

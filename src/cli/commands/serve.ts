@@ -95,7 +95,7 @@ export function registerServe(program: Command): void {
         (w) => process.stderr.write(`svctrace: ${w}\n`),
       );
       const url = server!.url();
-      process.stderr.write(`svctrace: tracing ${services.map((s) => s.text).join(', ')}; streaming at ${url} (dashboard: ${url.replace(/^ws/, 'http').replace('/v1/events', '/')}; Ctrl-C to stop)\n`);
+      process.stderr.write(`svctrace: tracing ${services.map((s) => s.text).join(', ')} (backend ${pipeline.attachBackend.backend}); streaming at ${url} (dashboard: ${url.replace(/^ws/, 'http').replace('/v1/events', '/')}; Ctrl-C to stop)\n`);
       await waitForStop(duration, pipeline.allNetnsGone);
       conntrack.stop();
       const { summary, stats } = await pipeline.stop();

@@ -46,7 +46,7 @@ export function registerTrace(program: Command): void {
             ? [flowLinesSink(write, ctx.flows, ctx.backendName, dropsOnly), diagnoser]
             : [textTimelineSink(write, useColor(), ctx.backendName, dropsOnly), diagnoser];
       });
-      process.stderr.write(`svctrace: tracing ${services.map((s) => s.text).join(', ')}; Ctrl-C to stop\n`);
+      process.stderr.write(`svctrace: tracing ${services.map((s) => s.text).join(', ')} (backend ${pipeline.attachBackend.reason}); Ctrl-C to stop\n`);
       await waitForStop(duration, pipeline.allNetnsGone);
       const { summary, stats } = await pipeline.stop();
       process.stderr.write(formatSummary(summary, stats, pipeline.backendName) + '\n');

@@ -69,7 +69,7 @@ export function registerWatch(program: Command): void {
             return undefined;
           });
           if (!client) return;
-          process.stderr.write(`svctrace: connected to ${client.hello?.node ?? '?'} (svctrace ${client.hello?.serverVersion}), tracing ${(client.hello?.services ?? []).join(', ')}\n`);
+          process.stderr.write(`svctrace: connected to ${client.hello?.node ?? '?'} (svctrace ${client.hello?.serverVersion}${client.hello?.attachBackend ? `, backend ${client.hello.attachBackend.split(':')[0]}` : ''}), tracing ${(client.hello?.services ?? []).join(', ')}\n`);
           await waitForStop(duration);
           userClosed = true;
           client.close();

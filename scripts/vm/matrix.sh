@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The kernel matrix (npm run test:kernels): Debian's own kernels booted under
+# qemu on this machine's root filesystem, each running the kernel tests that
+# define svctrace's core path, once per attach backend the kernel offers.
+#
+#   kernel (suite)                 backend     why
+#   6.1  (bookworm)                fentry      no netfilter links (< 6.4): the managed-node case
+#   6.12 (bookworm-backports)      netfilter   the default where links exist
+#   6.12 (bookworm-backports)      fentry      both backends on one kernel
+#   5.10 (bullseye)                none        doctor only: it must say why svctrace cannot run there
+# The host's own kernel runs the whole suite (npm test) with auto.
+#
+# SVT_VM_ROWS="6.1:fentry 6.12:netfilter" picks rows; SVT_VM_TESTS (space-
+# separated dist/test paths) replaces the test list. Prints one line per row
+# and exits non-zero when any row failed.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+TESTS=${SVT_VM_TESTS:-"dist/test/kernel/doctor.test.js dist/test/kernel/backends.test.js dist/test/kernel/ipvs.test.js dist/test/kernel/first-trace.test.js dist/test/kernel/core-tracer.test.js dist/test/kernel/data-plane.test.js dist/test/kernel/trace-cli.test.js dist/test/kernel/concurrent.test.js"}
+ROWS=${SVT_VM_ROWS:-"6.1:fentry 6.12:netfilter 6.12:fentry 5.10:none"}
+# Each row boots in a few seconds; its tests take minutes under TCG.
+ROW_TIMEOUT=${SVT_VM_ROW_TIMEOUT:-1500}
+
+declare -A release_of
+while read -r suite release _dir; do
+  case $suite in
+    bookworm) release_of[6.1]=$release ;;
+    bookworm-backports) release_of[6.12]=$release ;;
+    bullseye-security) release_of[5.10]=$release ;;
+  esac
+done < <(bash scripts/vm/kernels.sh bookworm bookworm-backports bullseye-security)
+
+logdir=test-output/vm
+mkdir -p "$logdir"
+summary=()
+failed=0
+for row in $ROWS; do
+  kernel=${row%%:*} backend=${row#*:}
+  release=${release_of[$kernel]:-}
+  if [ -z "$release" ]; then
+    echo "vm-matrix: unknown kernel '$kernel' in row '$row' (known: ${!release_of[*]})" >&2
+    exit 2
+  fi
+  log=$logdir/$release-$backend.log
+  echo "=== vm-matrix: Linux $release, backend $backend (log: $log)"
+  start=$(date +%s)
+  # shellcheck disable=SC2086
+  # A kernel that offers both backends must run the test comparing them.
+  require=; [ "$kernel" = 6.12 ] && require=both
+  # "none": no backend works there; doctor's verdict is what is tested.
+  tests=$TESTS backend_env=$backend
+  if [ "$backend" = none ]; then tests=dist/test/kernel/doctor.test.js backend_env=; fi
+  # Debian's kernels have IPVS: the kube-proxy IPVS mode test must run.
+  ( SVT_REQUIRE_IPVS=1 SVT_REQUIRE_BACKENDS=$require SVCTRACE_BACKEND=$backend_env CI=true bash scripts/vm/boot.sh "$release" --timeout "$ROW_TIMEOUT" -- \
+      node --test --test-concurrency=1 --test-reporter=spec $tests 2>&1
+    echo "vm-exit $?" ) | tee "$log" | grep -E --line-buffered '^(guest:|vm-boot:|▶|✔|✖|  ✔|  ✖|ℹ (pass|fail))' || true
+  rc=$(awk '/^vm-exit /{ print $2 }' "$log" | tail -n1)
+  took=$(( $(date +%s) - start ))
+  pass=$(grep -E '^ℹ pass ' "$log" | tail -n1 | awk '{print $3}')
+  fail=$(grep -E '^ℹ fail ' "$log" | tail -n1 | awk '{print $3}')
+  line=$(printf '%-28s %-10s %s pass, %s fail, %ss' "$release" "$backend" "${pass:-?}" "${fail:-?}" "$took")
+  if [ "$rc" != 0 ]; then failed=1; line="$line  FAILED (exit $rc)"; fi
+  summary+=("$line")
+done
+
+echo "=== vm-matrix summary"
+printf '  %s\n' "${summary[@]}"
+exit $failed

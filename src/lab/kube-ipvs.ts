@@ -1,0 +1,80 @@
+/**
+ * kube-proxy's IPVS mode for the lab's Services, rendered the way kube-proxy
+ * programs a node (pkg/proxy/ipvs): every ClusterIP bound to the kube-ipvs0
+ * dummy device (so the node accepts it as local), one IPVS virtual server
+ * per ClusterIP:port and per node address:NodePort with the endpoints as
+ * real servers in masquerade (NAT) mode, the KUBE-CLUSTER-IP and
+ * KUBE-NODE-PORT-* ipsets, and iptables nat rules that only mark for
+ * masquerade (the balancing is IPVS's). With net.ipv4.vs.conntrack=1
+ * IPVS keeps conntrack entries, so the reply tuple names the real server.
+ * Pure: returns the inputs of `ipvsadm -R`, `ipset restore` and
+ * `iptables-restore`, and the addresses for kube-ipvs0.
+ */
+import { KubeService, MASQ_MARK } from './kube-rules';
+
+export interface IpvsRendering {
+  /** ClusterIPs to bind to kube-ipvs0 (/32 each). */
+  addresses: string[];
+  ipvsadm: string;
+  ipset: string;
+  iptables: string;
+}
+
+export const IPVS_DEVICE = 'kube-ipvs0';
+
+/** `scheduler`: kube-proxy's --ipvs-scheduler (default rr). */
+export function renderIpvs(services: KubeService[], opts: { clusterCIDR: string; nodeIPs: string[]; masquerade?: boolean; scheduler?: string }): IpvsRendering {
+  const scheduler = opts.scheduler ?? 'rr';
+  const addresses = [...new Set(services.map((s) => s.clusterIP))];
+  const ipvs: string[] = [];
+  const sets = {
+    'KUBE-CLUSTER-IP': [] as string[],
+    'KUBE-NODE-PORT-TCP': [] as string[],
+    'KUBE-NODE-PORT-UDP': [] as string[],
+  };
+  const flag = (s: KubeService) => (s.proto === 'udp' ? '-u' : '-t');
+  const virtual = (s: KubeService, vip: string, port: number) => {
+    // sessionAffinity: ClientIP is IPVS persistence (-p seconds).
+    ipvs.push(`-A ${flag(s)} ${vip}:${port} -s ${scheduler}${s.affinitySeconds ? ` -p ${s.affinitySeconds}` : ''}`);
+    for (const ep of s.endpoints) ipvs.push(`-a ${flag(s)} ${vip}:${port} -r ${ep.ip}:${ep.port} -m -w 1`);
+  };
+  for (const s of services) {
+    virtual(s, s.clusterIP, s.port);
+    sets['KUBE-CLUSTER-IP'].push(`${s.clusterIP},${s.proto}:${s.port}`);
+    if (s.nodePort) {
+      for (const ip of opts.nodeIPs) virtual(s, ip, s.nodePort);
+      sets[s.proto === 'udp' ? 'KUBE-NODE-PORT-UDP' : 'KUBE-NODE-PORT-TCP'].push(String(s.nodePort));
+    }
+  }
+  const ipset = [
+    'create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536 -exist',
+    'create KUBE-NODE-PORT-TCP bitmap:port range 0-65535 -exist',
+    'create KUBE-NODE-PORT-UDP bitmap:port range 0-65535 -exist',
+    'flush KUBE-CLUSTER-IP',
+    'flush KUBE-NODE-PORT-TCP',
+    'flush KUBE-NODE-PORT-UDP',
+    ...Object.entries(sets).flatMap(([set, members]) => members.map((m) => `add ${set} ${m}`)),
+  ];
+  const nat = [
+    '*nat',
+    ':KUBE-SERVICES - [0:0]',
+    ':KUBE-POSTROUTING - [0:0]',
+    ':KUBE-MARK-MASQ - [0:0]',
+    ':KUBE-NODE-PORT - [0:0]',
+    '-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES',
+    '-A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES',
+    '-A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING',
+    `-A KUBE-MARK-MASQ -j MARK --set-xmark ${MASQ_MARK}`,
+    `-A KUBE-POSTROUTING -m mark ! --mark ${MASQ_MARK} -j RETURN`,
+    '-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0',
+    ...(opts.masquerade === false ? [] : ['-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully']),
+    `-A KUBE-SERVICES ! -s ${opts.clusterCIDR} -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ`,
+    '-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT',
+    '-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT',
+    '-A KUBE-NODE-PORT -p tcp -m comment --comment "Kubernetes nodeport TCP port for masquerade purpose" -m set --match-set KUBE-NODE-PORT-TCP dst -j KUBE-MARK-MASQ',
+    '-A KUBE-NODE-PORT -p udp -m comment --comment "Kubernetes nodeport UDP port for masquerade purpose" -m set --match-set KUBE-NODE-PORT-UDP dst -j KUBE-MARK-MASQ',
+    'COMMIT',
+    '',
+  ];
+  return { addresses, ipvsadm: ipvs.join('\n') + '\n', ipset: ipset.join('\n') + '\n', iptables: nat.join('\n') };
+}

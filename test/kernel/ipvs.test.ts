@@ -1,0 +1,121 @@
+/**
+ * kube-proxy's IPVS mode, traced: the lab renders it as kube-proxy does
+ * (kube-ipvs0, IPVS virtual servers with real servers in masquerade mode,
+ * ipsets, mark-only nat rules, net.ipv4.vs.conntrack=1), and every
+ * connection to the VIP — from a client namespace, from the node itself,
+ * and to the NodePort — must show, in one flow, the real server IPVS chose
+ * (DNAT by IPVS), the masquerade, and the reply rewritten back to the VIP;
+ * with packet and byte counters equal to conntrack's own accounting, and
+ * the real servers' shares equal to what IPVS itself counted (rr).
+ *
+ * IPVS is not built into this project's host kernels: there the test skips
+ * saying so, unless SVT_REQUIRE_IPVS=1 (the VM matrix, whose Debian kernels
+ * have it), where that is a failure.
+ */
+import { after, before, describe } from 'node:test';
+import assert from 'node:assert/strict';
+import { ChildProcess, spawn } from 'node:child_process';
+import { kernelTest, IS_ROOT, sleep } from '../helpers/kernel';
+import { FlowLog, waitFor } from '../helpers/flows';
+import { Lab } from '../../src/lab/lab';
+import { runIn } from '../../src/lab/exec';
+import { argvInNetns } from '../../src/netns/netns';
+import { Pipeline } from '../../src/pipeline/pipeline';
+import { parseNodePortSpec, parseServiceSpec } from '../../src/net/ipv4';
+import { svctrace } from '../../src/gen/svctrace';
+
+import S = svctrace.v1.Stage;
+
+describe('kube-proxy IPVS mode (kernel)', () => {
+  let lab: Lab | undefined;
+  let unavailable = '';
+
+  before(async () => {
+    if (!IS_ROOT) return;
+    try {
+      lab = await Lab.up({ pods: 2, proxyMode: 'ipvs' });
+    } catch (e) {
+      unavailable = (e as Error).message;
+      if (!/IPVS/.test(unavailable)) throw e;
+    }
+    if (lab) await runIn(lab.nodeNetns, ['sysctl', '-qw', 'net.netfilter.nf_conntrack_acct=1']);
+  });
+
+  after(async () => {
+    await lab?.down();
+  });
+
+  kernelTest('every connection to the VIP: the real server, the masquerade and the reply in one flow; exact counters; rr shares as IPVS counts them', async (t) => {
+    if (!lab) {
+      if (process.env.SVT_REQUIRE_IPVS === '1') assert.fail(`SVT_REQUIRE_IPVS=1, but ${unavailable}`);
+      t.skip(unavailable);
+      return;
+    }
+    const L: Lab = lab;
+    const web = L.service('web');
+    // The kernel's own account of each entry, read apart from svctrace.
+    const [cmd, ...args] = argvInNetns(L.nodeNetns, ['conntrack', '-E', '-e', 'DESTROY', '-o', 'extended']);
+    const ct: ChildProcess = spawn(cmd!, args, { stdio: ['ignore', 'pipe', 'ignore'] });
+    let ctOut = '';
+    ct.stdout!.on('data', (d) => (ctOut += d));
+    const log = new FlowLog();
+    const p = await Pipeline.start(
+      {
+        services: [parseServiceSpec(`${web.clusterIP}:80`), parseNodePortSpec(String(web.nodePort))],
+        netns: [L.nodeNetns],
+        kubeconfig: false,
+        ruleTrace: false,
+        closeGraceMs: 3_600_000,
+      },
+      () => [{ name: 'test', write: log.add }],
+    );
+    try {
+      await sleep(300); // conntrack -E has joined its netlink group
+      const N = 8;
+      for (let i = 0; i < N; i++) assert.ok((await L.curl(`http://${web.clusterIP}/c${i}`, 'client')).ok, 'client -> VIP');
+      for (let i = 0; i < 4; i++) assert.ok((await L.curl(`http://${web.clusterIP}/n${i}`, 'node')).ok, 'node -> VIP');
+      for (let i = 0; i < 2; i++) assert.ok((await L.curl(`http://10.250.0.1:${web.nodePort}/p${i}`, 'client')).ok, 'client -> NodePort');
+      await sleep(2500); // TIME_WAIT is 2 s in the lab
+      await L.reapConntrack();
+      const total = N + 4 + 2;
+      const flows = () => [...log.flows.values()].filter((f) => f.orig.proto === 6);
+      assert.ok(await waitFor(() => flows().length >= total && flows().every((f) => f.countersFinal), 15_000), `every connection ended: ${flows().length} flows`);
+      assert.equal(flows().length, total, 'one flow per connection');
+      assert.equal(L.served.length, total);
+
+      for (const served of L.served) {
+        // The pod saw the masqueraded address: the entry's reply destination.
+        const f = flows().find((x) => `${x.reply.daddr}:${x.reply.dport}` === served.client);
+        const what = `request ${served.path} (pod saw ${served.client})`;
+        assert.ok(f, `${what}: no flow`);
+        const pod = L.pods.find((x) => x.name === served.pod)!;
+        assert.equal(f.backend, `${pod.ip}:8080`, `${what}: the real server IPVS chose`);
+        assert.ok(f.dnat && f.masqueraded, `${what}: DNAT (IPVS) and masquerade`);
+        const evs = log.eventsOf(f);
+        assert.ok(evs.some((e) => e.stage === S.STAGE_DNAT && e.conntrack?.reply?.src === pod.ip), `${what}: a DNAT stage naming the real server`);
+        const vip = f.orig.daddr;
+        assert.ok(evs.some((e) => e.stage === S.STAGE_REPLY && e.packet?.src === vip), `${what}: the reply rewritten back to ${vip}`);
+        assert.ok(evs.some((e) => e.stage === S.STAGE_DEVICE && e.device?.netns === pod.netns), `${what}: the crossing into ${pod.netns}`);
+        // Counted once per packet, not again when IPVS sends it out.
+        const k = ctOut.split('\n').find((l) => l.includes(`sport=${f.orig.sport} `) && l.includes(`dst=${vip} `));
+        assert.ok(k, `${what}: conntrack's own DESTROY with counters`);
+        const pk = [...k.matchAll(/packets=(\d+)/g)].map((m) => Number(m[1]));
+        const by = [...k.matchAll(/bytes=(\d+)/g)].map((m) => Number(m[1]));
+        assert.deepEqual(f.packets, pk, `${what}: packets [orig, reply] vs conntrack`);
+        assert.deepEqual(f.bytes, by, `${what}: bytes [orig, reply] vs conntrack`);
+      }
+
+      // rr over two real servers: svctrace's flows per backend are IPVS's own connection counts.
+      const stats = (await runIn(L.nodeNetns, ['ipvsadm', '-Ln', '--stats', '-t', `${web.clusterIP}:80`])).stdout;
+      for (const pod of L.pods) {
+        const row = stats.split('\n').find((l) => l.includes(`${pod.ip}:8080`));
+        const conns = Number(row?.trim().split(/\s+/)[2]);
+        const traced = flows().filter((f) => f.orig.daddr === web.clusterIP && f.backend === `${pod.ip}:8080`).length;
+        assert.equal(traced, conns, `real server ${pod.ip}: svctrace ${traced}, ipvsadm ${conns}\n${stats}`);
+      }
+    } finally {
+      ct.kill();
+      await p.stop();
+    }
+  });
+});
