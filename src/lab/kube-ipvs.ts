@@ -10,7 +10,7 @@
  * Pure: returns the inputs of `ipvsadm -R`, `ipset restore` and
  * `iptables-restore`, and the addresses for kube-ipvs0.
  */
-import { KubeService, MASQ_MARK } from './kube-rules';
+import { KubeService, natScaffold } from './kube-rules';
 
 export interface IpvsRendering {
   /** ClusterIPs to bind to kube-ipvs0 (/32 each). */
@@ -61,13 +61,7 @@ export function renderIpvs(services: KubeService[], opts: { clusterCIDR: string;
     ':KUBE-POSTROUTING - [0:0]',
     ':KUBE-MARK-MASQ - [0:0]',
     ':KUBE-NODE-PORT - [0:0]',
-    '-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES',
-    '-A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES',
-    '-A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING',
-    `-A KUBE-MARK-MASQ -j MARK --set-xmark ${MASQ_MARK}`,
-    `-A KUBE-POSTROUTING -m mark ! --mark ${MASQ_MARK} -j RETURN`,
-    '-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0',
-    ...(opts.masquerade === false ? [] : ['-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully']),
+    ...natScaffold(opts.masquerade !== false),
     `-A KUBE-SERVICES ! -s ${opts.clusterCIDR} -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ`,
     '-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT',
     '-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT',

@@ -30,6 +30,23 @@ export interface KubeService {
 
 export const MASQ_MARK = '0x4000/0x4000';
 
+/**
+ * What kube-proxy's nat table holds in every mode: the base chains' jumps
+ * into KUBE-SERVICES and KUBE-POSTROUTING, the masquerade mark, and the
+ * MASQUERADE of marked packets (unless `masquerade` is off, a fault).
+ */
+export function natScaffold(masquerade: boolean): string[] {
+  return [
+    '-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES',
+    '-A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES',
+    '-A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING',
+    `-A KUBE-MARK-MASQ -j MARK --set-xmark ${MASQ_MARK}`,
+    `-A KUBE-POSTROUTING -m mark ! --mark ${MASQ_MARK} -j RETURN`,
+    '-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0',
+    ...(masquerade ? ['-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully'] : []),
+  ];
+}
+
 const BASE32 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567';
 
 function base32(buf: Buffer): string {
@@ -84,17 +101,7 @@ export function endpointProbability(i: number, n: number): string {
  */
 export function renderNatTable(services: KubeService[], opts: { clusterCIDR: string; masquerade?: boolean }): string {
   const chains = new Set<string>(['KUBE-SERVICES', 'KUBE-POSTROUTING', 'KUBE-MARK-MASQ', 'KUBE-NODEPORTS']);
-  const rules: string[] = [
-    '-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES',
-    '-A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES',
-    '-A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING',
-    `-A KUBE-MARK-MASQ -j MARK --set-xmark ${MASQ_MARK}`,
-    `-A KUBE-POSTROUTING -m mark ! --mark ${MASQ_MARK} -j RETURN`,
-    '-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0',
-  ];
-  if (opts.masquerade !== false) {
-    rules.push('-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully');
-  }
+  const rules: string[] = natScaffold(opts.masquerade !== false);
   for (const s of services) {
     const name = svcPortName(s);
     const svc = svcChain(s);
