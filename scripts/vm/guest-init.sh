@@ -11,7 +11,8 @@ mount -t devtmpfs dev /dev
 mkdir -p /dev/pts /dev/shm && mount -t devpts devpts /dev/pts && mount -t tmpfs shm /dev/shm
 # A tmpfs /run, or the host's /run/netns (and its lock files) would show through.
 mount -t tmpfs run /run && mkdir -p /run/netns /run/lock
-mount -t tmpfs tmp /tmp
+# /tmp stays the host's, read-only under the overlay's tmpfs: the project
+# may live there (a CI clone), and writes go to the overlay anyway.
 mount -t bpf bpf /sys/fs/bpf
 mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
 mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
