@@ -260,8 +260,10 @@ Napi::Value Tracer::AttachNetfilter(const Napi::CallbackInfo& info) {
     bool known = false;
     for (size_t i = 0; i < netns_count_; i++) known |= skel_->bss->svt_netns_inos[i] == (uint32_t)ino;
     if (!known) {
-      if (netns_count_ >= sizeof(skel_->bss->svt_netns_inos) / sizeof(skel_->bss->svt_netns_inos[0]))
-        ThrowErrno(env, "attachNetfilter", ENOSPC, "at most 16 namespaces are traced with the fentry backend");
+      constexpr size_t kMaxNetns = sizeof(skel_->bss->svt_netns_inos) / sizeof(skel_->bss->svt_netns_inos[0]);
+      if (netns_count_ >= kMaxNetns)
+        ThrowErrno(env, "attachNetfilter", ENOSPC,
+                   "at most " + std::to_string(kMaxNetns) + " namespaces are traced with the fentry backend");
       __atomic_store_n(&skel_->bss->svt_netns_inos[netns_count_++], (uint32_t)ino, __ATOMIC_RELEASE);
     }
     if (!on_batch_.IsEmpty()) listener->Start(env, on_batch_.Value(), "svctrace-ct-listener");

@@ -11,7 +11,7 @@
  * (older recordings) keeps it.
  */
 import { svctrace } from '../gen/svctrace';
-import { ctStatusNames, icmpUnreachName, IPS_DST_NAT, IPS_SRC_NAT, NF_HOOK_NAMES } from '../events/conntrack';
+import { ctStatusNames, destTranslated, icmpUnreachName, IPS_DST_NAT, IPS_SRC_NAT, NF_HOOK_NAMES } from '../events/conntrack';
 
 import pb = svctrace.v1;
 
@@ -117,7 +117,7 @@ function netfilterSummary(e: pb.IEvent, pkt: string): string {
         return `DNAT ${at}: ${addr(orig.dst, orig.dstPort)} -> backend ${addr(reply.src, reply.srcPort)}`;
       }
       // IPVS (kube-proxy IPVS mode): the entry points at the real server.
-      if (reply.src && (reply.src !== orig.dst || reply.srcPort !== orig.dstPort)) {
+      if (destTranslated(status, { daddr: orig.dst ?? '', dport: orig.dstPort ?? 0 }, { saddr: reply.src ?? '', sport: reply.srcPort ?? 0 })) {
         return `DNAT by IPVS (seen ${at}): ${addr(orig.dst, orig.dstPort)} -> real server ${addr(reply.src, reply.srcPort)}`;
       }
       if (!e.afterNat) break;
