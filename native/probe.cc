@@ -10,7 +10,10 @@
 #include <bpf/libbpf.h>
 #include <errno.h>
 
+#include <algorithm>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "errors.h"
 #include "netns.h"
@@ -76,20 +79,35 @@ Napi::Object ToJs(Napi::Env env, const ProbeResult& r) {
 
 }  // namespace
 
+// probeFeatures([names]): every probe, or only the named ones (a tracer
+// choosing its backend needs two of them, not the six doctor shows).
 Napi::Value ProbeFeatures(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Napi::Object out = Napi::Object::New(env);
+  std::vector<std::string> only;
+  if (info.Length() > 0 && info[0].IsArray()) {
+    Napi::Array names = info[0].As<Napi::Array>();
+    for (uint32_t i = 0; i < names.Length(); i++) {
+      Napi::Value v = names.Get(i);
+      if (!v.IsString()) throw Napi::TypeError::New(env, "probeFeatures(names): names must be strings");
+      only.push_back(v.As<Napi::String>().Utf8Value());
+    }
+  }
+  auto wanted = [&](const char* name) { return only.empty() || std::find(only.begin(), only.end(), name) != only.end(); };
 
-  ProbeResult ringbuf;
-  int rc = libbpf_probe_bpf_map_type(BPF_MAP_TYPE_RINGBUF, nullptr);
-  ringbuf.ok = rc == 1;
-  ringbuf.err = rc == 1 ? 0 : (rc < 0 ? rc : -EOPNOTSUPP);
-  ringbuf.op = "create BPF_MAP_TYPE_RINGBUF";
-  out.Set("ringbuf", ToJs(env, ringbuf));
+  if (wanted("ringbuf")) {
+    ProbeResult ringbuf;
+    int rc = libbpf_probe_bpf_map_type(BPF_MAP_TYPE_RINGBUF, nullptr);
+    ringbuf.ok = rc == 1;
+    ringbuf.err = rc == 1 ? 0 : (rc < 0 ? rc : -EOPNOTSUPP);
+    ringbuf.op = "create BPF_MAP_TYPE_RINGBUF";
+    out.Set("ringbuf", ToJs(env, ringbuf));
+  }
 
   // A netfilter link is attached inside a throw-away network namespace so the
   // probe never hooks a real one.
-  out.Set("netfilterLink",
+  if (wanted("netfilterLink")) {
+    out.Set("netfilterLink",
           ToJs(env, ProbeProgram([](probe_bpf* s) { return s->progs.probe_netfilter; },
                                  [](bpf_program* prog, ProbeResult& r) {
                                    NetnsResult nr = RunInFreshNetns([&](NetnsResult& res) {
@@ -107,10 +125,11 @@ Napi::Value ProbeFeatures(const Napi::CallbackInfo& info) {
                                    r.detail = nr.detail;
                                    return nr.err;
                                  })));
-  out.Set("tpBtf", ToJs(env, ProbeProgram([](probe_bpf* s) { return s->progs.probe_tp_btf; }, AttachAndDetach)));
-  out.Set("kprobe", ToJs(env, ProbeProgram([](probe_bpf* s) { return s->progs.probe_kprobe; }, AttachAndDetach)));
-  out.Set("fentry", ToJs(env, ProbeProgram([](probe_bpf* s) { return s->progs.probe_fentry; }, AttachAndDetach)));
-  out.Set("natFentry", ToJs(env, ProbeProgram([](probe_bpf* s) { return s->progs.probe_nat_fentry; }, AttachAndDetach)));
+  }
+  if (wanted("tpBtf")) out.Set("tpBtf", ToJs(env, ProbeProgram([](probe_bpf* s) { return s->progs.probe_tp_btf; }, AttachAndDetach)));
+  if (wanted("kprobe")) out.Set("kprobe", ToJs(env, ProbeProgram([](probe_bpf* s) { return s->progs.probe_kprobe; }, AttachAndDetach)));
+  if (wanted("fentry")) out.Set("fentry", ToJs(env, ProbeProgram([](probe_bpf* s) { return s->progs.probe_fentry; }, AttachAndDetach)));
+  if (wanted("natFentry")) out.Set("natFentry", ToJs(env, ProbeProgram([](probe_bpf* s) { return s->progs.probe_nat_fentry; }, AttachAndDetach)));
   return out;
 }
 

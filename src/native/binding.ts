@@ -106,7 +106,8 @@ export interface NativeTracer {
 
 export interface NativeBinding {
   Tracer: new (opts?: { backend?: 'netfilter' | 'fentry'; snaplen?: number; benchSource?: boolean; allPackets?: boolean; ringBufferBytes?: number; statsIntervalMs?: number }) => NativeTracer;
-  probeFeatures(): NativeFeatures;
+  /** Every kernel probe, or only the named ones (the rest are then absent). */
+  probeFeatures(names?: Array<keyof NativeFeatures>): NativeFeatures;
   layout(): NativeLayout;
   dropReasons(): Record<string, string>;
   /** malloc_trim(0): gives glibc's free pages back to the system; true if any were. */

@@ -72,7 +72,7 @@ export class Tracer {
     let native: NativeTracer;
     const request = opts.backend ?? defaultBackend();
     // Only auto needs the probes; an explicit backend's load error speaks for itself.
-    const probes: Partial<NativeFeatures> = request === 'auto' ? binding.probeFeatures() : {};
+    const probes: Partial<NativeFeatures> = request === 'auto' ? binding.probeFeatures(['netfilterLink', 'natFentry']) : {};
     let backend: BackendChoice;
     try {
       backend = chooseBackend(request, probes);
