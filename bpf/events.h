@@ -54,6 +54,10 @@ enum svt_event_kind {
 #define SVT_NF_PRIO_DNAT (-100)
 #define SVT_NF_PRIO_SNAT 100
 
+/* A drop on a kernel whose kfree_skb has no reason (< 5.17). 0 is
+ * SKB_NOT_DROPPED_YET where reasons exist: never the reason of a drop. */
+#define SVT_DROP_REASON_UNKNOWN 0
+
 /* Which side of a NAT hook the netfilter program ran on. */
 enum svt_nf_stage {
 	SVT_STAGE_BEFORE_NAT = 0,
@@ -97,7 +101,7 @@ struct svt_event {
 	__u32 netns_ino;         /* inode of the network namespace it was seen in */
 	__u32 ifindex;           /* netfilter: in-device on PRE_ROUTING/LOCAL_IN, else out; fib: out */
 	__s32 nf_priority;       /* netfilter: the priority the program ran at */
-	__u32 reason;            /* drop: enum skb_drop_reason */
+	__u32 reason;            /* drop: enum skb_drop_reason, or SVT_DROP_REASON_UNKNOWN */
 	__u32 pkt_len;           /* skb->len */
 	__u16 ct_zone;
 	__u8 nf_hook;            /* enum nf_inet_hooks (NF_INET_PRE_ROUTING = 0 ...) */
@@ -233,6 +237,7 @@ enum svt_counter {
 	SVT_CNT_PACKETS = 4,      /* packets of tracked flows counted in the kernel */
 	SVT_CNT_FLOWS_UNSEEN = 5, /* flows none of whose records fit the ring buffer, their final counters included */
 	SVT_CNT_FLOWS_UNSEEN_RESET = 6, /* ... of which a TCP reset ended (attempts, mostly) */
+	SVT_CNT_NAT_EXIT_UNMATCHED = 7, /* kprobe backend: NAT hook returns whose entry was lost (their after-NAT view) */
 	SVT_CNT_MAX = 8,
 };
 

@@ -16,12 +16,20 @@ int probe_netfilter(struct bpf_nf_ctx *ctx)
 	return 1; /* NF_ACCEPT */
 }
 
-/* Reads the drop reason, as svctrace does: the verifier then checks the
- * tracepoint has it (Linux >= 5.17; 5.10's kfree_skb has two arguments). */
+/* The drop tracepoint as every kernel svctrace runs on has it (5.10's
+ * kfree_skb has two arguments: skb, location). */
+SEC("tp_btf/kfree_skb")
+int BPF_PROG(probe_tp_btf, struct sk_buff *skb)
+{
+	return 0;
+}
+
+/* Reads the drop reason, as svctrace does where it exists: the verifier
+ * then checks the tracepoint has it (Linux >= 5.17). */
 volatile __u32 probe_sink;
 
 SEC("tp_btf/kfree_skb")
-int BPF_PROG(probe_tp_btf, struct sk_buff *skb, void *location, enum skb_drop_reason reason)
+int BPF_PROG(probe_drop_reason, struct sk_buff *skb, void *location, enum skb_drop_reason reason)
 {
 	probe_sink = reason;
 	return 0;
@@ -43,6 +51,13 @@ int BPF_PROG(probe_fentry)
  * module (module BTF), the NAT hook svctrace observes. */
 SEC("fentry/nf_nat_ipv4_pre_routing")
 int BPF_PROG(probe_nat_fentry)
+{
+	return 0;
+}
+
+/* What the kprobe backend needs: a kprobe on the same NAT hook function. */
+SEC("kprobe/nf_nat_ipv4_pre_routing")
+int probe_nat_kprobe(void *ctx)
 {
 	return 0;
 }

@@ -497,9 +497,17 @@ static __always_inline bool ipvs_reinjected(struct sk_buff *skb, __u8 hook)
 	return BPF_CORE_READ_BITFIELD_PROBED((struct sk_buff___ipvs *)skb, ipvs_property);
 }
 
-/* skb and state are trusted BTF pointers (netfilter context, fentry/fexit
- * arguments): plain loads. */
-static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_state *state, __u8 stage)
+/*
+ * A field of the packet or of the hook state. Netfilter programs and
+ * fentry/fexit get them as trusted BTF pointers: plain loads, the cheapest
+ * on the hot path. kprobes get plain addresses, which the verifier lets us
+ * read only through bpf_probe_read_kernel. `probed` is a constant in every
+ * caller of the always-inlined observe_nf, so each program keeps one branch.
+ */
+#define SVT_LOAD(probed, p, field) ((probed) ? BPF_CORE_READ(p, field) : (p)->field)
+
+static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_state *state, __u8 stage,
+				      const bool probed)
 {
 	struct svt_flow_counters *st;
 	struct pkt_facts facts = {};
@@ -515,11 +523,11 @@ static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_
 	bool counting, emit, first, first_here = false, ended = false;
 	__u64 now, pkt;
 
-	nfct = skb->_nfct;
+	nfct = SVT_LOAD(probed, skb, _nfct);
 	ct = (struct nf_conn *)(nfct & ~SVT_NFCT_INFOMASK);
 	if (!ct)
 		return NF_ACCEPT;
-	hook = state->hook;
+	hook = SVT_LOAD(probed, state, hook);
 	ctinfo = nfct & SVT_NFCT_INFOMASK;
 	dir = ctinfo >= IP_CT_IS_REPLY ? SVT_DIR_REPLY : SVT_DIR_ORIGINAL;
 	/* Every packet of the entry crosses exactly one of PRE_ROUTING /
@@ -569,7 +577,7 @@ static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_
 	status = BPF_CORE_READ(ct, status);
 	if (orig.proto == IPPROTO_TCP)
 		tcp_state = BPF_CORE_READ(ct, proto.tcp.state);
-	nh = skb->head + skb->network_header;
+	nh = SVT_LOAD(probed, skb, head) + SVT_LOAD(probed, skb, network_header);
 	read_facts(&facts, nh);
 
 	now = bpf_ktime_get_ns();
@@ -581,7 +589,7 @@ static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_
 			 * two CPUs at once (a sender's data and its ACKs sent from
 			 * softirq), and the counters must stay exact. */
 			__sync_fetch_and_add(&st->packets[dir & 1], 1);
-			__sync_fetch_and_add(&st->bytes[dir & 1], skb->len);
+			__sync_fetch_and_add(&st->bytes[dir & 1], SVT_LOAD(probed, skb, len));
 			st->last_ns = now;
 			st->tcp_flags[dir & 1] |= facts.tcp_flags;
 			svt_count(SVT_CNT_PACKETS);
@@ -673,13 +681,13 @@ static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_
 SEC("netfilter")
 int svt_nf_before_nat(struct bpf_nf_ctx *ctx)
 {
-	return observe_nf(ctx->skb, ctx->state, SVT_STAGE_BEFORE_NAT);
+	return observe_nf(ctx->skb, ctx->state, SVT_STAGE_BEFORE_NAT, false);
 }
 
 SEC("netfilter")
 int svt_nf_after_nat(struct bpf_nf_ctx *ctx)
 {
-	return observe_nf(ctx->skb, ctx->state, SVT_STAGE_AFTER_NAT);
+	return observe_nf(ctx->skb, ctx->state, SVT_STAGE_AFTER_NAT, false);
 }
 
 /*
@@ -716,7 +724,7 @@ static __always_inline bool netns_traced(const struct nf_hook_state *state)
 	int BPF_PROG(svt_fentry_##fn, void *priv, struct sk_buff *skb, const struct nf_hook_state *state)      \
 	{                                                                                                      \
 		if (netns_traced(state))                                                                       \
-			observe_nf(skb, state, SVT_STAGE_BEFORE_NAT);                                          \
+			observe_nf(skb, state, SVT_STAGE_BEFORE_NAT, false);                                   \
 		return 0;                                                                                      \
 	}                                                                                                      \
 	SEC("fexit/" #fn)                                                                                      \
@@ -725,7 +733,7 @@ static __always_inline bool netns_traced(const struct nf_hook_state *state)
 	{                                                                                                      \
 		/* A packet NAT dropped is reported by the drop tracepoint. */                                \
 		if (verdict == NF_ACCEPT && netns_traced(state))                                               \
-			observe_nf(skb, state, SVT_STAGE_AFTER_NAT);                                           \
+			observe_nf(skb, state, SVT_STAGE_AFTER_NAT, false);                                    \
 		return 0;                                                                                      \
 	}
 
@@ -733,6 +741,110 @@ SVT_NAT_HOOK_PROGS(nf_nat_ipv4_pre_routing)
 SVT_NAT_HOOK_PROGS(nf_nat_ipv4_local_fn)
 SVT_NAT_HOOK_PROGS(nf_nat_ipv4_out)
 SVT_NAT_HOOK_PROGS(nf_nat_ipv4_local_in)
+
+/*
+ * Backend "kprobe" (kernels with neither netfilter links nor module BTF for
+ * trampolines, such as Debian's 5.10): a kprobe and a kretprobe on the same
+ * four NAT hook functions. A kretprobe sees only the return value, so the
+ * entry keeps (skb, state) on a small per-CPU stack that the exit pops:
+ * these functions never sleep, and on one CPU they nest only when a softirq
+ * interrupts a process-context hook (LOCAL_OUT, POST_ROUTING of a local
+ * sender), which the stack's last-in first-out order matches.
+ *
+ * A kretprobe can miss a return (no free instance, or another BPF program
+ * running on this CPU): its entry stays on the stack. Each entry therefore
+ * records its hook, and an exit whose hook does not match the top frame (or
+ * finds the stack empty) is counted in SVT_CNT_NAT_EXIT_UNMATCHED and resets
+ * the stack: that packet's after-NAT view is lost, counted, never misread.
+ */
+#define SVT_KPROBE_DEPTH 4
+
+struct svt_kprobe_frame {
+	struct sk_buff *skb;
+	const struct nf_hook_state *state;
+	__u8 hook;
+	__u8 traced;
+	__u8 pad[6];
+};
+
+struct svt_kprobe_stack {
+	__u32 depth;
+	__u32 pad;
+	struct svt_kprobe_frame frames[SVT_KPROBE_DEPTH];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct svt_kprobe_stack);
+} svt_kprobe_stacks SEC(".maps");
+
+static __always_inline void kprobe_nat_entry(struct sk_buff *skb, const struct nf_hook_state *state, __u8 hook)
+{
+	struct svt_kprobe_stack *stk;
+	bool traced = netns_traced(state);
+	__u32 zero = 0, d;
+
+	stk = bpf_map_lookup_elem(&svt_kprobe_stacks, &zero);
+	if (!stk)
+		return;
+	d = stk->depth;
+	if (d >= SVT_KPROBE_DEPTH) {
+		/* Deeper than these hooks ever nest: frames left by missed
+		 * returns. Start again (their exits count as unmatched). */
+		d = 0;
+	}
+	stk->frames[d].skb = skb;
+	stk->frames[d].state = state;
+	stk->frames[d].hook = hook;
+	stk->frames[d].traced = traced;
+	stk->depth = d + 1;
+	if (traced)
+		observe_nf(skb, state, SVT_STAGE_BEFORE_NAT, true);
+}
+
+static __always_inline void kprobe_nat_exit(unsigned int verdict, __u8 hook)
+{
+	struct svt_kprobe_stack *stk;
+	struct svt_kprobe_frame f;
+	__u32 zero = 0, d;
+
+	stk = bpf_map_lookup_elem(&svt_kprobe_stacks, &zero);
+	if (!stk)
+		return;
+	d = stk->depth;
+	if (d == 0 || d > SVT_KPROBE_DEPTH || stk->frames[(d - 1) & (SVT_KPROBE_DEPTH - 1)].hook != hook) {
+		stk->depth = 0;
+		svt_count(SVT_CNT_NAT_EXIT_UNMATCHED);
+		return;
+	}
+	f = stk->frames[(d - 1) & (SVT_KPROBE_DEPTH - 1)];
+	stk->depth = d - 1;
+	/* A packet NAT dropped is reported by the drop tracepoint. */
+	if (f.traced && verdict == NF_ACCEPT)
+		observe_nf(f.skb, f.state, SVT_STAGE_AFTER_NAT, true);
+}
+
+#define SVT_NAT_HOOK_KPROBES(fn, hooknum)                                                                      \
+	SEC("kprobe/" #fn)                                                                                     \
+	int BPF_KPROBE(svt_kprobe_##fn, void *priv, struct sk_buff *skb, const struct nf_hook_state *state)    \
+	{                                                                                                      \
+		kprobe_nat_entry(skb, state, hooknum);                                                         \
+		return 0;                                                                                      \
+	}                                                                                                      \
+	SEC("kretprobe/" #fn)                                                                                  \
+	int BPF_KRETPROBE(svt_kretprobe_##fn, unsigned int verdict)                                            \
+	{                                                                                                      \
+		kprobe_nat_exit(verdict, hooknum);                                                             \
+		return 0;                                                                                      \
+	}
+
+/* The hook each function is registered at (nf_nat_ipv4_ops in nf_nat_proto.c). */
+SVT_NAT_HOOK_KPROBES(nf_nat_ipv4_pre_routing, NF_INET_PRE_ROUTING)
+SVT_NAT_HOOK_KPROBES(nf_nat_ipv4_local_fn, NF_INET_LOCAL_OUT)
+SVT_NAT_HOOK_KPROBES(nf_nat_ipv4_out, NF_INET_POST_ROUTING)
+SVT_NAT_HOOK_KPROBES(nf_nat_ipv4_local_in, NF_INET_LOCAL_IN)
 
 /* Reads the IPv4 tuple at `nh` and finds its tracked flow, if any. */
 static __always_inline struct svt_flow_ref *flow_of_packet(unsigned char *nh, struct svt_tuple *t)
@@ -807,19 +919,27 @@ int BPF_PROG(svt_dev_recv, struct sk_buff *skb)
 /* Drop reasons that name a packet's normal end (the same list as the
  * flow model's BENIGN_DROPS). CO-RE: a reason this kernel lacks matches no
  * packet. */
-static __always_inline bool is_benign_free(struct sk_buff *skb, enum skb_drop_reason reason)
+static __always_inline bool freed_by_closed_socket(struct sk_buff *skb)
 {
-	/* Before those reasons existed (6.1: they came with 6.4-6.8), a TCP
-	 * socket destroyed at its end (tcp_fin -> inet_csk_destroy_sock ->
-	 * sk_stream_kill_queues) freed what it still queued as NOT_SPECIFIED:
-	 * such an skb belongs to a socket already in TCP_CLOSE. */
-	if (!bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_SOCKET_CLOSE) &&
-	    reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_NOT_SPECIFIED)) {
-		struct sock *sk = BPF_CORE_READ(skb, sk);
+	struct sock *sk = BPF_CORE_READ(skb, sk);
 
-		if (sk && BPF_CORE_READ(sk, __sk_common.skc_state) == 7 /* TCP_CLOSE */)
-			return true;
-	}
+	return sk && BPF_CORE_READ(sk, __sk_common.skc_state) == 7 /* TCP_CLOSE */;
+}
+
+static __always_inline bool is_benign_free(struct sk_buff *skb, enum skb_drop_reason reason, const bool has_reason)
+{
+	/* Before those reasons existed (6.1: they came with 6.4-6.8; 5.10 has
+	 * no reasons at all), a TCP socket destroyed at its end (tcp_fin ->
+	 * inet_csk_destroy_sock -> sk_stream_kill_queues) freed what it still
+	 * queued as NOT_SPECIFIED: such an skb belongs to a socket already in
+	 * TCP_CLOSE. Without reasons, no enum value may be read (the enum does
+	 * not exist there: CO-RE would poison the load). */
+	if (!has_reason)
+		return freed_by_closed_socket(skb);
+	if (!bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_SOCKET_CLOSE) &&
+	    reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_NOT_SPECIFIED) &&
+	    freed_by_closed_socket(skb))
+		return true;
 	return (bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_QUEUE_PURGE) &&
 		reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_QUEUE_PURGE)) ||
 	       (bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_SOCKET_CLOSE) &&
@@ -828,8 +948,7 @@ static __always_inline bool is_benign_free(struct sk_buff *skb, enum skb_drop_re
 		reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_TCP_CLOSE));
 }
 
-SEC("tp_btf/kfree_skb")
-int BPF_PROG(svt_drop, struct sk_buff *skb, void *location, enum skb_drop_reason reason)
+static __always_inline int observe_drop(struct sk_buff *skb, __u32 reason, const bool has_reason)
 {
 	struct svt_flow_counters *st;
 	struct svt_flow_ref *ref = NULL;
@@ -847,7 +966,7 @@ int BPF_PROG(svt_drop, struct sk_buff *skb, void *location, enum skb_drop_reason
 	 * what it queued): neither counted nor reported, but with every packet.
 	 * It was one more ring record per connection, and a "1 dropped" in
 	 * every healthy flow's counters. */
-	if (!targ_all_packets && is_benign_free(skb, reason))
+	if (!targ_all_packets && is_benign_free(skb, reason, has_reason))
 		return 0;
 	nh = BPF_CORE_READ(skb, head) + BPF_CORE_READ(skb, network_header);
 	ct = ct_of_skb(skb);
@@ -896,6 +1015,22 @@ int BPF_PROG(svt_drop, struct sk_buff *skb, void *location, enum skb_drop_reason
 	if (st && !st->delivered)
 		st->delivered = 1;
 	return 0;
+}
+
+/* Linux >= 5.17: kfree_skb(skb, location, reason). */
+SEC("tp_btf/kfree_skb")
+int BPF_PROG(svt_drop, struct sk_buff *skb, void *location, enum skb_drop_reason reason)
+{
+	return observe_drop(skb, reason, true);
+}
+
+/* Before 5.17 the tracepoint has no reason: kfree_skb(skb, location). Every
+ * such drop reads SVT_DROP_REASON_UNKNOWN. The loader keeps the one program
+ * whose arguments match this kernel's tracepoint. */
+SEC("tp_btf/kfree_skb")
+int BPF_PROG(svt_drop_noreason, struct sk_buff *skb, void *location)
+{
+	return observe_drop(skb, SVT_DROP_REASON_UNKNOWN, false);
 }
 
 SEC("tp_btf/fib_table_lookup")

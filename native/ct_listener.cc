@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "errors.h"
+#include "map_take.h"
 #include "events.h"
 #include "netns.h"
 
@@ -126,7 +127,7 @@ void CtListener::Handle(const nlmsghdr* nlh) {
       svt_flow_stats r = {};
       __u64 key = ref.ct_id;
       if (bpf_map_lookup_elem(state_map_fd_, &key, &r.c) == 0 && SameTuple(r.c.orig, e.ct_orig) &&
-          bpf_map_lookup_and_delete_elem(state_map_fd_, &key, &r.c) == 0) {
+          TakeMapElem(state_map_fd_, &key, &r.c) == 0) {
         r.kind = SVT_EV_FLOW_STATS;
         r.size = sizeof(r);
         r.ts_ns = e.ts_ns;

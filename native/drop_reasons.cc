@@ -9,6 +9,7 @@
 #include <string>
 
 #include "errors.h"
+#include "events.h"
 
 namespace svt {
 
@@ -29,6 +30,9 @@ Napi::Value DropReasons(const Napi::CallbackInfo& info) {
       out.Set(std::to_string((__u32)e->val), name);
     }
   }
+  // Before Linux 5.17 kfree_skb has no reason: every drop reads
+  // SVT_DROP_REASON_UNKNOWN, named as what it is.
+  if (id <= 0) out.Set(std::to_string(SVT_DROP_REASON_UNKNOWN), "UNKNOWN");
   btf__free(btf);
   return out;
 }

@@ -80,7 +80,7 @@ Napi::Object ToJs(Napi::Env env, const ProbeResult& r) {
 }  // namespace
 
 // probeFeatures([names]): every probe, or only the named ones (a tracer
-// choosing its backend needs two of them, not the six doctor shows).
+// choosing its backend needs one to three of them, not all doctor shows).
 Napi::Value ProbeFeatures(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Napi::Object out = Napi::Object::New(env);
@@ -130,6 +130,8 @@ Napi::Value ProbeFeatures(const Napi::CallbackInfo& info) {
   if (wanted("kprobe")) out.Set("kprobe", ToJs(env, ProbeProgram([](probe_bpf* s) { return s->progs.probe_kprobe; }, AttachAndDetach)));
   if (wanted("fentry")) out.Set("fentry", ToJs(env, ProbeProgram([](probe_bpf* s) { return s->progs.probe_fentry; }, AttachAndDetach)));
   if (wanted("natFentry")) out.Set("natFentry", ToJs(env, ProbeProgram([](probe_bpf* s) { return s->progs.probe_nat_fentry; }, AttachAndDetach)));
+  if (wanted("natKprobe")) out.Set("natKprobe", ToJs(env, ProbeProgram([](probe_bpf* s) { return s->progs.probe_nat_kprobe; }, AttachAndDetach)));
+  if (wanted("dropReason")) out.Set("dropReason", ToJs(env, ProbeProgram([](probe_bpf* s) { return s->progs.probe_drop_reason; }, AttachAndDetach)));
   return out;
 }
 

@@ -5,6 +5,7 @@
 #include <linux/types.h>
 #include <linux/netfilter.h>
 #include <bpf/bpf.h>
+#include <bpf/btf.h>
 #include <bpf/libbpf.h>
 #include <errno.h>
 
@@ -13,6 +14,7 @@
 
 #include "errors.h"
 #include "events.h"
+#include "map_take.h"
 #include "netns.h"
 #include "svctrace.skel.h"
 
@@ -77,8 +79,34 @@ static std::array<bpf_program*, 8> FentryPrograms(svctrace_bpf* s) {
           s->progs.svt_fentry_nf_nat_ipv4_local_in,    s->progs.svt_fexit_nf_nat_ipv4_local_in};
 }
 
+// The kprobe backend's: a kprobe and a kretprobe per NAT hook function.
+static std::array<bpf_program*, 8> KprobePrograms(svctrace_bpf* s) {
+  return {s->progs.svt_kprobe_nf_nat_ipv4_pre_routing, s->progs.svt_kretprobe_nf_nat_ipv4_pre_routing,
+          s->progs.svt_kprobe_nf_nat_ipv4_local_fn,    s->progs.svt_kretprobe_nf_nat_ipv4_local_fn,
+          s->progs.svt_kprobe_nf_nat_ipv4_out,         s->progs.svt_kretprobe_nf_nat_ipv4_out,
+          s->progs.svt_kprobe_nf_nat_ipv4_local_in,    s->progs.svt_kretprobe_nf_nat_ipv4_local_in};
+}
+
+// Whether this kernel's kfree_skb tracepoint carries the drop reason (Linux
+// >= 5.17): its BTF prototype btf_trace_kfree_skb is (void *ctx, skb,
+// location[, reason]). A tp_btf program may read only the arguments the
+// tracepoint has, so the drop program is chosen to match.
+static bool KfreeSkbHasReason() {
+  struct btf* btf = btf__load_vmlinux_btf();
+  if (!btf) return true;  // the load will say what is wrong with BTF
+  bool has = true;
+  __s32 id = btf__find_by_name_kind(btf, "btf_trace_kfree_skb", BTF_KIND_TYPEDEF);
+  if (id > 0) {
+    const struct btf_type* t = btf__type_by_id(btf, id);
+    while (t && (btf_is_typedef(t) || btf_is_ptr(t))) t = btf__type_by_id(btf, t->type);
+    if (t && btf_is_func_proto(t)) has = btf_vlen(t) >= 4;
+  }
+  btf__free(btf);
+  return has;
+}
+
 // new Tracer({ backend?, snaplen?, allPackets?, ringBufferBytes?, statsIntervalMs?, benchSource? }):
-// backend = "netfilter" (default) or "fentry" (the choice is made in JS,
+// backend = "netfilter" (default), "fentry" or "kprobe" (the choice is made in JS,
 // from the kernel probes: src/tracer/backend.ts);
 // snaplen = bytes of each packet to capture (0 = off); ringBufferBytes = size
 // of the kernel ring buffer (a power of two, >= the page size);
@@ -111,7 +139,8 @@ Tracer::Tracer(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Tracer>(info),
     std::string b = backend.IsString() ? backend.As<Napi::String>().Utf8Value() : "";
     if (b == "netfilter") backend_ = kBackendNetfilter;
     else if (b == "fentry") backend_ = kBackendFentry;
-    else throw Napi::TypeError::New(env, "backend must be \"netfilter\" or \"fentry\"");
+    else if (b == "kprobe") backend_ = kBackendKprobe;
+    else throw Napi::TypeError::New(env, "backend must be \"netfilter\", \"fentry\" or \"kprobe\"");
   }
 
   skel_ = svctrace_bpf__open();
@@ -133,9 +162,13 @@ Tracer::Tracer(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Tracer>(info),
   const bool nf = backend_ == kBackendNetfilter;
   bpf_program__set_autoload(skel_->progs.svt_nf_before_nat, nf);
   bpf_program__set_autoload(skel_->progs.svt_nf_after_nat, nf);
-  for (bpf_program* p : FentryPrograms(skel_)) bpf_program__set_autoload(p, !nf);
+  for (bpf_program* p : FentryPrograms(skel_)) bpf_program__set_autoload(p, backend_ == kBackendFentry);
+  for (bpf_program* p : KprobePrograms(skel_)) bpf_program__set_autoload(p, backend_ == kBackendKprobe);
   // Entry and exit of NAT's own hook: they sit at NAT's priority.
   if (!nf) skel_->data->svt_prio_gap = 0;
+  const bool drop_reason = KfreeSkbHasReason();
+  bpf_program__set_autoload(skel_->progs.svt_drop, drop_reason);
+  bpf_program__set_autoload(skel_->progs.svt_drop_noreason, !drop_reason);
   napi_add_env_cleanup_hook(env_, &Tracer::CleanupHook, this);
 }
 
@@ -181,7 +214,8 @@ Napi::Value Tracer::Load(const Napi::CallbackInfo& info) {
   // no auto-attach: they are attached per namespace by attachNetfilter().
   err = svctrace_bpf__attach(skel_);
   if (err) ThrowErrno(info.Env(), "bpf_program__attach_trace", err);
-  if (backend_ == kBackendFentry) fentry_links_ = (int)FentryPrograms(skel_).size();
+  if (backend_ == kBackendFentry) global_links_ = (int)FentryPrograms(skel_).size();
+  if (backend_ == kBackendKprobe) global_links_ = (int)KprobePrograms(skel_).size();
   loaded_ = true;
   return info.Env().Undefined();
 }
@@ -252,7 +286,7 @@ Napi::Value Tracer::AttachNetfilter(const Napi::CallbackInfo& info) {
                                                bpf_map__fd(skel_->maps.svt_flow_state),
                                                bpf_map__fd(skel_->maps.svt_stale_destroys), &skel_->bss->svt_active_flows);
 
-  if (backend_ == kBackendFentry) {
+  if (backend_ != kBackendNetfilter) {
     // The programs already run everywhere; they start reporting this
     // namespace once its inode is in their list.
     const uint64_t ino = NetnsInode(path);
@@ -263,14 +297,14 @@ Napi::Value Tracer::AttachNetfilter(const Napi::CallbackInfo& info) {
       constexpr size_t kMaxNetns = sizeof(skel_->bss->svt_netns_inos) / sizeof(skel_->bss->svt_netns_inos[0]);
       if (netns_count_ >= kMaxNetns)
         ThrowErrno(env, "attachNetfilter", ENOSPC,
-                   "at most " + std::to_string(kMaxNetns) + " namespaces are traced with the fentry backend");
+                   "at most " + std::to_string(kMaxNetns) + " namespaces are traced with the fentry and kprobe backends");
       __atomic_store_n(&skel_->bss->svt_netns_inos[netns_count_++], (uint32_t)ino, __ATOMIC_RELEASE);
     }
     if (!on_batch_.IsEmpty()) listener->Start(env, on_batch_.Value(), "svctrace-ct-listener");
     ct_listeners_.push_back(std::move(listener));
     Napi::Object out = Napi::Object::New(env);
     out.Set("netnsIno", Napi::Number::New(env, (double)ino));
-    out.Set("links", Napi::Number::New(env, fentry_links_));
+    out.Set("links", Napi::Number::New(env, global_links_));
     return out;
   }
 
@@ -356,6 +390,7 @@ Napi::Value Tracer::Stats(const Napi::CallbackInfo& info) {
   out.Set("flowStateFull", Napi::Number::New(env, (double)sums[SVT_CNT_STATE_FULL]));
   out.Set("flowsUnseen", Napi::Number::New(env, (double)sums[SVT_CNT_FLOWS_UNSEEN]));
   out.Set("flowsUnseenReset", Napi::Number::New(env, (double)sums[SVT_CNT_FLOWS_UNSEEN_RESET]));
+  out.Set("natExitUnmatched", Napi::Number::New(env, (double)sums[SVT_CNT_NAT_EXIT_UNMATCHED]));
   out.Set("packetsCounted", Napi::Number::New(env, (double)sums[SVT_CNT_PACKETS]));
   out.Set("ringBufferBytes", Napi::Number::New(env, (double)ring_bytes_));
   out.Set("recordsRead", Napi::Number::New(env, reader_ ? (double)reader_->records_read() : 0));
@@ -368,8 +403,10 @@ Napi::Value Tracer::Stats(const Napi::CallbackInfo& info) {
   out.Set("ringBacklogBytes", Napi::Number::New(env, reader_ ? (double)reader_->ring_bytes() : 0));
   out.Set("readerPending", Napi::Number::New(env, reader_ ? (double)reader_->pending() : 0));
   out.Set("batchesInFlight", Napi::Number::New(env, reader_ ? (double)reader_->in_flight() : 0));
-  out.Set("links", Napi::Number::New(env, links_.size() + fentry_links_));
-  out.Set("backend", Napi::String::New(env, backend_ == kBackendFentry ? "fentry" : "netfilter"));
+  out.Set("links", Napi::Number::New(env, links_.size() + global_links_));
+  out.Set("backend", Napi::String::New(env, backend_ == kBackendFentry  ? "fentry"
+                                           : backend_ == kBackendKprobe ? "kprobe"
+                                                                        : "netfilter"));
   uint64_t ct_events = 0, ct_overruns = 0, listener_lost = 0;
   for (auto& l : ct_listeners_) {
     ct_events += l->events();
@@ -438,7 +475,7 @@ Napi::Value Tracer::CollectFlowState(Napi::Env env, bool expire, uint64_t idle_n
   std::vector<uint8_t> out;
   for (__u64 k : keys) {
     svt_flow_stats r = {};
-    int err = expire ? bpf_map_lookup_and_delete_elem(fd, &k, &r.c) : bpf_map_lookup_elem(fd, &k, &r.c);
+    int err = expire ? TakeMapElem(fd, &k, &r.c) : bpf_map_lookup_elem(fd, &k, &r.c);
     if (err != 0) continue;
     r.kind = SVT_EV_FLOW_STATS;
     r.size = sizeof(r);

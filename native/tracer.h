@@ -52,10 +52,11 @@ class Tracer : public Napi::ObjectWrap<Tracer> {
   // Distance of this instance's netfilter programs from NAT (0: not attached yet).
   int prio_gap_ = 0;
   // How the NAT-stage observers are attached: kBackendNetfilter (links per
-  // namespace) or kBackendFentry (global entry/exit of NAT's hook functions,
-  // filtered by svt_netns_inos).
-  enum Backend { kBackendNetfilter, kBackendFentry } backend_ = kBackendNetfilter;
-  int fentry_links_ = 0;
+  // namespace), kBackendFentry (global entry/exit trampolines on NAT's hook
+  // functions) or kBackendKprobe (kprobe/kretprobe on the same functions);
+  // the global ones filter by namespace in the kernel (svt_netns_inos).
+  enum Backend { kBackendNetfilter, kBackendFentry, kBackendKprobe } backend_ = kBackendNetfilter;
+  int global_links_ = 0;  // the fentry/kprobe backend's attachments (all namespaces)
   size_t netns_count_ = 0;
   std::unique_ptr<RingReader> reader_;
   std::shared_ptr<ServiceSet> services_ = std::make_shared<ServiceSet>();

@@ -41,7 +41,7 @@ export function addSelectionOptions(cmd: Command): Command {
     .option('--nodeport <port[/proto]>', 'NodePort to trace (repeatable)', collect, [])
     .option('--netns <name|path>', "network namespace of the node (repeatable; default: svctrace's own)", collect, [])
     .option('--kubeconfig <path>', 'name services and pods from the Kubernetes API (default: $KUBECONFIG, ~/.kube/config or in-cluster, if any)')
-    .option('--backend <auto|netfilter|fentry>', 'how the kernel side attaches: netfilter links (Linux >= 6.4) or fentry/fexit on NAT\'s hook functions (older kernels); auto picks the best this kernel offers (default: $SVCTRACE_BACKEND, else auto)')
+    .option('--backend <auto|netfilter|fentry|kprobe>', 'how the kernel side attaches: netfilter links (Linux >= 6.4), fentry/fexit on NAT\'s hook functions (older kernels with module BTF), or kprobes on them (5.10); auto picks the best this kernel offers (default: $SVCTRACE_BACKEND, else auto)')
     .option('--all-packets', 'an event for every packet at every hook, for evidence (default: the transitions — first packet at each hook and device, NAT, conntrack state changes, SYN/RST, drops, routes — with packets and bytes counted in the kernel)')
     .option('--ring-buffer <MiB>', 'kernel ring buffer size, a power of two (the one buffer while svctrace is behind; what does not fit is counted as lost)', String(DEFAULT_RING_BUFFER_BYTES / 2 ** 20))
     .option('--stats-interval <ms>', 'how often each active flow\'s packet and byte counters are reported', String(DEFAULT_STATS_INTERVAL_MS));

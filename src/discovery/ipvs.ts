@@ -1,9 +1,29 @@
 /**
  * Reads kube-proxy's IPVS mode from `ipvsadm -Ln`: each virtual service
- * (a ClusterIP:port or NodePort) with its real servers; a real server's
- * probability is its weight over the sum (rr and wrr balance by weight).
+ * (a ClusterIP:port or NodePort) with its real servers and the share of new
+ * connections each gets. That share depends on the scheduler, as IPVS's own
+ * schedulers (net/netfilter/ipvs/ip_vs_*.c) use the weight:
+ *  - weighted ones (wrr, wlc, sed, lblc, lblcr, mh, twos): by weight, over
+ *    the sum of weights (wlc/sed/lblc balance active connections per weight:
+ *    with even load, the same shares);
+ *  - the others (rr, kube-proxy's default; lc, sh, dh, nq, fo, ovf): a
+ *    weight above 0 takes part, and they share evenly. rr skips a server of
+ *    weight 0 and ignores the weight otherwise.
+ * A real server of weight 0 gets no new connection under any scheduler:
+ * kube-proxy sets it for terminating endpoints (graceful termination).
  */
 import { DiscoveredService, Discovery } from './model';
+
+const WEIGHTED_SCHEDULERS = new Set(['wrr', 'wlc', 'sed', 'lblc', 'lblcr', 'mh', 'twos']);
+
+/** Each real server's share of new connections under `scheduler`. */
+export function ipvsShares(scheduler: string, weights: readonly number[]): number[] {
+  const live = weights.map((w) => Math.max(0, w));
+  const byWeight = WEIGHTED_SCHEDULERS.has(scheduler);
+  const parts = live.map((w) => (w > 0 ? (byWeight ? w : 1) : 0));
+  const total = parts.reduce((a, b) => a + b, 0);
+  return parts.map((p) => (total ? p / total : 0));
+}
 
 export function parseIpvsadm(text: string): Discovery {
   const services: DiscoveredService[] = [];
@@ -11,8 +31,8 @@ export function parseIpvsadm(text: string): Discovery {
   const weights: number[] = [];
   const finish = () => {
     if (!cur) return;
-    const total = weights.reduce((a, b) => a + b, 0);
-    cur.endpoints.forEach((e, i) => (e.probability = total ? weights[i]! / total : 1 / cur!.endpoints.length));
+    const shares = ipvsShares(cur.chain.replace(/^ipvs /, ''), weights);
+    cur.endpoints.forEach((e, i) => (e.probability = shares[i]!));
     services.push(cur);
     weights.length = 0;
   };

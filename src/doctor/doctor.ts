@@ -74,7 +74,7 @@ function backendCheck(features: NativeFeatures | undefined): Check {
     const c = chooseBackend('auto', features);
     return { id, name, ok: true, required: true, detail: c.reason, backend: c.backend };
   } catch (e) {
-    return { id, name, ok: false, required: true, detail: (e as Error).message, hint: 'svctrace needs netfilter links (Linux >= 6.4) or fentry with module BTF' };
+    return { id, name, ok: false, required: true, detail: (e as Error).message, hint: 'svctrace needs netfilter links (Linux >= 6.4), fentry with module BTF, or kprobes (CONFIG_KPROBES=y), with nf_nat loaded' };
   }
 }
 
@@ -146,13 +146,17 @@ export function runDoctor(opts: { netns?: string } = {}): DoctorReport {
   }
   checks.push(fromProbe('ringbuf', 'ring buffer', features?.ringbuf, true, 'BPF_MAP_TYPE_RINGBUF created', 'needs Linux >= 5.8'));
   checks.push(fromProbe('netfilterLink', 'netfilter link', features?.netfilterLink, false,
-    'BPF netfilter program attached with a link in a scratch namespace (backend netfilter)', 'needs Linux >= 6.4 with CONFIG_NETFILTER_BPF_LINK=y and libbpf >= 1.3; without it the fentry backend is used'));
+    'BPF netfilter program attached with a link in a scratch namespace (backend netfilter)', 'needs Linux >= 6.4 with CONFIG_NETFILTER_BPF_LINK=y and libbpf >= 1.3; without it the fentry or kprobe backend is used'));
   checks.push(fromProbe('natFentry', 'fentry on nf_nat', features?.natFentry, false,
     'fentry attached to nf_nat_ipv4_pre_routing (backend fentry)', 'needs BPF trampolines and module BTF (CONFIG_DEBUG_INFO_BTF_MODULES=y), with nf_nat loaded'));
+  checks.push(fromProbe('natKprobe', 'kprobe on nf_nat', features?.natKprobe, false,
+    'kprobe attached to nf_nat_ipv4_pre_routing (backend kprobe)', 'needs CONFIG_KPROBES=y, with nf_nat loaded'));
   checks.push(backendCheck(features));
-  checks.push(fromProbe('tpBtf', 'tp_btf', features?.tpBtf, true, 'tp_btf/kfree_skb loaded and attached (drop reasons)', 'needs BTF-enabled tracepoints and kfree_skb with its drop reason (Linux >= 5.17)'));
-  checks.push(fromProbe('kprobe', 'kprobes', features?.kprobe, false, 'kprobe attached (not used by svctrace yet)',
-    'optional: kprobes unavailable on this kernel (svctrace does not use them yet)'));
+  checks.push(fromProbe('tpBtf', 'tp_btf', features?.tpBtf, true, 'tp_btf/kfree_skb loaded and attached (drops)', 'needs BTF-enabled tracepoints (Linux >= 5.5 with CONFIG_DEBUG_INFO_BTF=y)'));
+  checks.push(fromProbe('dropReason', 'drop reasons', features?.dropReason, false, "kfree_skb carries the kernel's drop reason",
+    "optional: this kernel's kfree_skb has no drop reason (Linux < 5.17): drops show as UNKNOWN"));
+  checks.push(fromProbe('kprobe', 'kprobes', features?.kprobe, false, 'kprobe attached to a vmlinux function',
+    'optional: kprobes unavailable on this kernel (only the kprobe backend needs them)'));
   checks.push(fromProbe('fentry', 'fentry', features?.fentry, false, 'fentry program loaded and attached to a vmlinux function',
     'optional: fentry/fexit unavailable'));
 

@@ -199,7 +199,13 @@ export function diagnoseRules(svc: DiscoveredService | undefined, target: string
       code: 'SESSION_AFFINITY', layer: 'rules', object: `service ${svc.name}`,
       severity: 'info',
       summary: `sessionAffinity: ClientIP (${svc.affinitySeconds} s): each client sticks to one backend, so few clients make an uneven distribution`,
-      evidence: [`-m recent --rcheck --seconds ${svc.affinitySeconds} rules in ${svc.chain}`],
+      evidence: [
+        svc.source === 'ipvs'
+          ? `IPVS virtual service ${svc.clusterIP}:${svc.port} is persistent (ipvsadm: persistent ${svc.affinitySeconds})`
+          : svc.source === 'nftables'
+            ? `${svc.chain} keeps each client's endpoint in an affinity set (timeout ${svc.affinitySeconds} s)`
+            : `-m recent --rcheck --seconds ${svc.affinitySeconds} rules in ${svc.chain}`,
+      ],
     });
   }
   if (svc.nodePorts.length && svc.nodePortMasquerade) {

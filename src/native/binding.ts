@@ -6,6 +6,7 @@
 import path from 'node:path';
 import fs from 'node:fs';
 import { SvctraceError } from '../errors';
+import type { Backend } from '../tracer/backend';
 
 /** [offset, size] of a struct field, as compiled (native/layout.cc). */
 export type FieldLayout = [number, number];
@@ -37,6 +38,10 @@ export interface NativeFeatures {
   fentry: ProbeResult;
   /** fentry on nf_nat's PRE_ROUTING hook function: the fentry backend's need. */
   natFentry: ProbeResult;
+  /** kprobe on the same function: the kprobe backend's need. */
+  natKprobe: ProbeResult;
+  /** tp_btf/kfree_skb reading its drop reason (Linux >= 5.17). */
+  dropReason: ProbeResult;
 }
 
 /** A traced service as the addon takes it: host-order address (0 = any) and port. */
@@ -59,6 +64,8 @@ export interface NativeStats {
   flowsUnseen: number;
   /** Of those, the ones a TCP reset ended (connection attempts, mostly). */
   flowsUnseenReset: number;
+  /** kprobe backend: NAT hook returns whose entry was lost, so their after-NAT view is lost. */
+  natExitUnmatched: number;
   /** Packets of tracked flows counted in the kernel (never reported one by one). */
   packetsCounted: number;
   ringBufferBytes: number;
@@ -75,7 +82,7 @@ export interface NativeStats {
   batchesInFlight: number;
   links: number;
   /** The attach backend this tracer was loaded with. */
-  backend: 'netfilter' | 'fentry';
+  backend: Backend;
   /** Tracked flows the kernel believes alive (a hint: may over-count). */
   activeFlows: number;
   ctDestroyEvents: number;
@@ -105,7 +112,7 @@ export interface NativeTracer {
 }
 
 export interface NativeBinding {
-  Tracer: new (opts?: { backend?: 'netfilter' | 'fentry'; snaplen?: number; benchSource?: boolean; allPackets?: boolean; ringBufferBytes?: number; statsIntervalMs?: number }) => NativeTracer;
+  Tracer: new (opts?: { backend?: Backend; snaplen?: number; benchSource?: boolean; allPackets?: boolean; ringBufferBytes?: number; statsIntervalMs?: number }) => NativeTracer;
   /** Every kernel probe, or only the named ones (the rest are then absent). */
   probeFeatures(names?: Array<keyof NativeFeatures>): NativeFeatures;
   layout(): NativeLayout;

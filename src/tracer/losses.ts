@@ -16,6 +16,8 @@ export interface StageLosses {
    * already in ring_buffer: not added to the total of events lost.
    */
   flows_unseen: number;
+  /** kprobe backend: packets whose after-NAT view was lost (a NAT hook's return not matched with its entry). */
+  nat_exit_unmatched: number;
   /** Conntrack destroy messages the netlink socket could not queue (ENOBUFS). */
   conntrack_netlink: number;
   /** nftables trace messages the netlink socket could not queue. */
@@ -29,11 +31,12 @@ export interface StageLosses {
 }
 
 /** The kernel source's losses (the stages the addon and the kernel count). */
-export function kernelLosses(s: NativeStats): Pick<StageLosses, 'ring_buffer' | 'flows_unseen' | 'flow_state' | 'conntrack_netlink' | 'rule_trace_netlink' | 'shutdown'> {
+export function kernelLosses(s: NativeStats): Pick<StageLosses, 'ring_buffer' | 'flows_unseen' | 'flow_state' | 'nat_exit_unmatched' | 'conntrack_netlink' | 'rule_trace_netlink' | 'shutdown'> {
   return {
     ring_buffer: s.ringbufLost,
     flows_unseen: s.flowsUnseen ?? 0,
     flow_state: s.flowStateFull,
+    nat_exit_unmatched: s.natExitUnmatched ?? 0,
     conntrack_netlink: s.ctOverruns,
     rule_trace_netlink: s.ruleTraceOverruns,
     shutdown: s.readerLostAtClose + s.listenerLostAtClose,

@@ -13,7 +13,7 @@ import { ChannelMerge } from './channel-merge';
 import { resolveNetns } from '../netns/netns';
 import { serviceIdsOf } from '../flows/service-ids';
 import { monoNowNs } from '../clock';
-import { BackendChoice, BackendRequest, chooseBackend, defaultBackend } from './backend';
+import { BACKEND_PROBE, BACKENDS, BackendChoice, BackendRequest, chooseBackend, defaultBackend } from './backend';
 
 export type TracerStats = NativeStats & { batchCallbacks: number; decodeErrors: number };
 
@@ -71,8 +71,16 @@ export class Tracer {
     const binding = loadBinding();
     let native: NativeTracer;
     const request = opts.backend ?? defaultBackend();
-    // Only auto needs the probes; an explicit backend's load error speaks for itself.
-    const probes: Partial<NativeFeatures> = request === 'auto' ? binding.probeFeatures(['netfilterLink', 'natFentry']) : {};
+    // Only auto needs the probes, in its order of preference, until one
+    // passes; an explicit backend's load error speaks for itself.
+    const probes: Partial<NativeFeatures> = {};
+    if (request === 'auto') {
+      for (const b of BACKENDS) {
+        const name = BACKEND_PROBE[b];
+        Object.assign(probes, binding.probeFeatures([name]));
+        if (probes[name]?.ok || probes[name]?.code === 'EPERM') break;
+      }
+    }
     let backend: BackendChoice;
     try {
       backend = chooseBackend(request, probes);
@@ -317,13 +325,13 @@ export function otherSvctraceProcesses(): Array<{ pid: number; cmd: string }> {
 }
 
 /**
- * The fentry backend attaches to functions of the nf_nat module: with no NAT
- * rule anywhere on the node the module is not loaded, and libbpf only says
- * it found no such function.
+ * The fentry and kprobe backends attach to functions of the nf_nat module:
+ * with no NAT rule anywhere on the node the module is not loaded, and libbpf
+ * only says it found no such function.
  */
 function backendLoadError(backend: BackendChoice, err: SvctraceError): SvctraceError {
-  if (backend.backend === 'fentry' && (err.errno === 2 || err.errno === 3) && !fs.existsSync('/sys/module/nf_nat')) {
-    return new SvctraceError('KERNEL_UNSUPPORTED', 'the fentry backend observes the nf_nat module, which is not loaded: this node has no NAT rules (no kube-proxy rules yet?)', {
+  if (backend.backend !== 'netfilter' && (err.errno === 2 || err.errno === 3) && !fs.existsSync('/sys/module/nf_nat')) {
+    return new SvctraceError('KERNEL_UNSUPPORTED', `the ${backend.backend} backend observes the nf_nat module, which is not loaded: this node has no NAT rules (no kube-proxy rules yet?)`, {
       errno: err.errno,
       op: err.op,
       cause: err,

@@ -21,14 +21,35 @@ export function kernelTest(name: string, fn: (t: TestContext) => Promise<void> |
 }
 
 /**
- * Links of svctrace's NAT-stage programs attached on the machine (bpftool's
- * view, independent of svctrace): netfilter links, or with the fentry
- * backend the fentry/fexit links on NAT's hook functions.
+ * Attachments of svctrace's NAT-stage programs on the machine (bpftool's
+ * view, independent of svctrace): netfilter links; with the fentry backend
+ * the fentry/fexit links on NAT's hook functions; with the kprobe backend
+ * the kprobes/kretprobes on them, from `bpftool perf` (which sees them on
+ * every kernel: 5.10 attaches kprobes without a BPF link).
  */
-export function netfilterLinks(): Array<{ id: number; hook?: number; prio?: number; prog_id?: number }> {
+export function netfilterLinks(): Array<{ id: number; hook?: number; prio?: number; prog_id?: number; pid?: number }> {
   const out = execFileSync('bpftool', ['-j', 'link', 'list'], { encoding: 'utf8' });
   const links = JSON.parse(out || '[]') as Array<{ id: number; type: string; attach_type?: string; hook?: number; prio?: number; prog_id?: number }>;
-  return links.filter((l) => l.type === 'netfilter' || (l.type === 'tracing' && (l.attach_type === 'trace_fentry' || l.attach_type === 'trace_fexit')));
+  const perf = JSON.parse(execFileSync('bpftool', ['-j', 'perf'], { encoding: 'utf8' }) || '[]') as Array<{ pid: number; fd: number; prog_id: number; fd_type?: string; func?: string }>;
+  const kprobes = perf
+    .filter((p) => (p.fd_type === 'kprobe' || p.fd_type === 'kretprobe') && /^nf_nat_ipv4_(pre_routing|local_fn|out|local_in)$/.test(p.func ?? ''))
+    .map((p) => ({ id: -p.fd, prog_id: p.prog_id, pid: p.pid }));
+  return [...links.filter((l) => l.type === 'netfilter' || (l.type === 'tracing' && (l.attach_type === 'trace_fentry' || l.attach_type === 'trace_fexit'))), ...kprobes];
+}
+
+let hasDropReasons: boolean | undefined;
+
+/**
+ * The name a drop with the kernel's reason `name` shows on this kernel: the
+ * name itself where kfree_skb carries reasons (Linux >= 5.17: the kernel's
+ * BTF has enum skb_drop_reason, asked of bpftool), else UNKNOWN (5.10).
+ */
+export function dropReasonName(name: string): string {
+  if (hasDropReasons === undefined) {
+    const btf = execFileSync('bpftool', ['btf', 'dump', 'file', '/sys/kernel/btf/vmlinux'], { encoding: 'utf8', maxBuffer: 512 << 20 });
+    hasDropReasons = /^\[\d+\] ENUM 'skb_drop_reason' /m.test(btf);
+  }
+  return hasDropReasons ? name : 'UNKNOWN';
 }
 
 let backendCache: Backend | undefined;

@@ -1,14 +1,15 @@
 /**
- * The two attach backends are two ways into one tracer: on a kernel that
- * offers both (Linux >= 6.4 with module BTF, such as Debian's 6.12 in the VM
- * matrix), a netfilter-backend pipeline and a fentry-backend pipeline traced
- * side by side over the same traffic report the same flows — tuples (the
- * reply tuple shows SNAT), backends, and counters, to the packet and byte.
+ * The attach backends are ways into one tracer: on a kernel that offers
+ * several (Debian's 6.12 in the VM matrix offers all three), pipelines with
+ * each backend traced side by side over the same traffic report the same
+ * flows — tuples (the reply tuple shows SNAT), backends, and counters, to
+ * the packet and byte.
  *
  * Where the kernel offers only one backend (this project's 6.18 host has no
- * trampolines; 6.1 has no netfilter links) it skips saying so, unless
- * SVT_REQUIRE_BACKENDS=both (set by the matrix rows of kernels that offer
- * both), where that is a failure.
+ * trampolines nor kprobes) it skips saying so, unless SVT_REQUIRE_BACKENDS
+ * names the backends the kernel row must compare (the matrix sets
+ * "netfilter fentry kprobe" on 6.12, "fentry kprobe" on 6.1), where a
+ * missing one is a failure.
  */
 import { after, before, describe } from 'node:test';
 import assert from 'node:assert/strict';
@@ -19,7 +20,7 @@ import { runIn } from '../../src/lab/exec';
 import { Pipeline } from '../../src/pipeline/pipeline';
 import { parseServiceSpec } from '../../src/net/ipv4';
 import { loadBinding } from '../../src/native/binding';
-import type { Backend } from '../../src/tracer/backend';
+import { BACKEND_PROBE, BACKENDS, type Backend } from '../../src/tracer/backend';
 import type { Flow } from '../../src/flows/types';
 
 describe('attach backends agree (kernel)', () => {
@@ -64,18 +65,20 @@ describe('attach backends agree (kernel)', () => {
       final: f.countersFinal,
     });
 
-  kernelTest('netfilter and fentry report the same flows: tuples, backends and exact counters', async (t) => {
+  kernelTest('every backend the kernel offers reports the same flows: tuples, backends and exact counters', async (t) => {
     const f = loadBinding().probeFeatures();
-    if (!f.netfilterLink.ok || !f.natFentry.ok) {
-      const why = `this kernel offers ${f.netfilterLink.ok ? 'netfilter links only' : f.natFentry.ok ? 'fentry only' : 'neither backend'} (netfilter: ${f.netfilterLink.message ?? 'ok'}; fentry: ${f.natFentry.message ?? 'ok'})`;
-      if (process.env.SVT_REQUIRE_BACKENDS === 'both') assert.fail(`SVT_REQUIRE_BACKENDS=both, but ${why}`);
-      t.skip(why);
+    const offered = BACKENDS.filter((b) => f[BACKEND_PROBE[b]].ok);
+    const offers = BACKENDS.map((b) => `${b}: ${f[BACKEND_PROBE[b]].ok ? 'ok' : f[BACKEND_PROBE[b]].message}`).join('; ');
+    const required = (process.env.SVT_REQUIRE_BACKENDS ?? '').split(/\s+/).filter(Boolean);
+    for (const b of required) assert.ok(offered.includes(b as Backend), `SVT_REQUIRE_BACKENDS has ${b}, which this kernel does not offer (${offers})`);
+    if (offered.length < 2) {
+      t.skip(`this kernel offers ${offered.length ? `only ${offered[0]}` : 'no backend'} (${offers})`);
       return;
     }
     const web = lab.service('web');
-    const a = await trace('netfilter');
-    const b = await trace('fentry');
+    const runs: Array<{ backend: Backend; p: Pipeline; log: FlowLog }> = [];
     try {
+      for (const b of offered) runs.push({ backend: b, ...(await trace(b)) });
       // Short connections from the client namespace (forwarded: PRE_ROUTING)
       // and from the node itself (LOCAL_OUT), and a keep-alive one.
       for (let i = 0; i < 6; i++) assert.ok((await lab.curl(`http://${web.clusterIP}/c${i}`)).ok);
@@ -86,17 +89,21 @@ describe('attach backends agree (kernel)', () => {
       const tcpFlows = (log: FlowLog) => [...log.flows.values()].filter((x) => x.orig.proto === 6);
       const ended = (log: FlowLog) => tcpFlows(log).length >= 10 && tcpFlows(log).every((x) => x.countersFinal);
       const state = (log: FlowLog) => tcpFlows(log).map((x) => `${x.orig.sport}${x.countersFinal ? '' : ' (open)'} ${x.packets}`).join(', ');
-      assert.ok(await waitFor(() => ended(a.log) && ended(b.log), 15_000), `every connection ended, seen by both: netfilter [${state(a.log)}]; fentry [${state(b.log)}]`);
+      assert.ok(
+        await waitFor(() => runs.every((r) => ended(r.log)), 15_000),
+        `every connection ended, seen by every backend: ${runs.map((r) => `${r.backend} [${state(r.log)}]`).join('; ')}`,
+      );
       const key = (x: Flow) => `${x.orig.saddr}:${x.orig.sport}`;
       const byKey = (log: FlowLog) => new Map(tcpFlows(log).map((x) => [key(x), view(x)]));
-      const na = byKey(a.log);
-      const nb = byKey(b.log);
-      assert.deepEqual([...nb.keys()].sort(), [...na.keys()].sort(), 'the same connections');
-      for (const [k, v] of na) assert.equal(nb.get(k), v, `connection ${k}: netfilter vs fentry`);
-      assert.equal(na.size, 10);
+      const [first, ...others] = runs.map((r) => ({ backend: r.backend, flows: byKey(r.log) }));
+      assert.equal(first!.flows.size, 10);
+      for (const o of others) {
+        assert.deepEqual([...o.flows.keys()].sort(), [...first!.flows.keys()].sort(), `the same connections: ${first!.backend} vs ${o.backend}`);
+        for (const [k, v] of first!.flows) assert.equal(o.flows.get(k), v, `connection ${k}: ${first!.backend} vs ${o.backend}`);
+      }
+      for (const r of runs) assert.equal(r.p.attachBackend.backend, r.backend);
     } finally {
-      await a.p.stop();
-      await b.p.stop();
+      for (const r of runs) await r.p.stop();
     }
   });
 });

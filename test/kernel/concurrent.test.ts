@@ -70,7 +70,7 @@ describe('several svctrace processes on one namespace (kernel)', () => {
     // Each holds its own eight links; netfilter links at distinct
     // priorities per hook (fentry programs stack on NAT's functions).
     const links = netfilterLinks();
-    assert.equal(links.length - linksBefore, 24, 'eight links per process');
+    assert.equal(links.length - linksBefore, 24, `eight links per process: ${JSON.stringify(links)}; processes ${procs.map((p) => p.child.pid).join(', ')}`);
     const perHook = new Map<number, number[]>();
     for (const l of links) if (l.hook !== undefined) perHook.set(l.hook, [...(perHook.get(l.hook) ?? []), l.prio!]);
     for (const [hook, prios] of perHook) assert.equal(new Set(prios).size, prios.length, `hook ${hook}: two programs at one priority`);

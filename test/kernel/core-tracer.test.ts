@@ -6,7 +6,7 @@
  */
 import { after, before, describe } from 'node:test';
 import assert from 'node:assert/strict';
-import { kernelTest, IS_ROOT, sleep } from '../helpers/kernel';
+import { dropReasonName, kernelTest, IS_ROOT, sleep } from '../helpers/kernel';
 import { FlowLog, waitFor } from '../helpers/flows';
 import { curlEach } from '../helpers/lab-traffic';
 import { Lab, LAB_ADDR, POD_HTTP_PORT, POD_UDP_PORT } from '../../src/lab/lab';
@@ -177,7 +177,7 @@ describe('core tracer (kernel)', () => {
     assert.equal(ef.length, 1);
     const eEvents = log.eventsOf(ef[0]!);
     assert.ok(eEvents.some((e) => e.stage === S.STAGE_DNAT && /NOT DNATed/.test(eventSummary(e))), 'not DNATed');
-    assert.ok(eEvents.some((e) => e.kind === pb.EventKind.EVENT_KIND_DROP && e.dropReasonName === 'NETFILTER_DROP'), 'REJECT drops the SYN');
+    assert.ok(eEvents.some((e) => e.kind === pb.EventKind.EVENT_KIND_DROP && e.dropReasonName === dropReasonName('NETFILTER_DROP')), 'REJECT drops the SYN');
     assert.ok(eEvents.some((e) => e.icmpType === 3 && e.icmpCode === 3 && /port unreachable/.test(eventSummary(e))), 'ICMP port unreachable');
     // The rule that refused it is named (kube-proxy's filter KUBE-SERVICES REJECT), from the nftables trace.
     assert.ok(
@@ -195,7 +195,7 @@ describe('core tracer (kernel)', () => {
     const cEvents = log.eventsOf(cf[0]!);
     assert.ok(cEvents.some((e) => e.stage === S.STAGE_DROP && /TCP RST from the backend/.test(eventSummary(e))));
     assert.ok(
-      cEvents.some((e) => e.kind === pb.EventKind.EVENT_KIND_DROP && e.dropReasonName === 'NO_SOCKET' && e.device?.netns === lab.pods[0]!.netns),
+      cEvents.some((e) => e.kind === pb.EventKind.EVENT_KIND_DROP && e.dropReasonName === dropReasonName('NO_SOCKET') && e.device?.netns === lab.pods[0]!.netns),
       'the SYN is dropped in the pod with NO_SOCKET',
     );
   });

@@ -6,7 +6,10 @@
  * and to the NodePort — must show, in one flow, the real server IPVS chose
  * (DNAT by IPVS), the masquerade, and the reply rewritten back to the VIP;
  * with packet and byte counters equal to conntrack's own accounting, and
- * the real servers' shares equal to what IPVS itself counted (rr).
+ * the real servers' shares equal to what IPVS itself counted (rr). explain
+ * reads the same virtual service: each real server's share as the
+ * scheduler and weights give it (weight 0: kube-proxy's graceful
+ * termination), persistence as session affinity, and --watch agreeing.
  *
  * IPVS is not built into this project's host kernels: there (the kernel's
  * config says CONFIG_IP_VS is not set) the test skips saying so, unless
@@ -16,8 +19,9 @@
 import { after, before, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import { ChildProcess, spawn } from 'node:child_process';
-import { kernelTest, IS_ROOT, sleep } from '../helpers/kernel';
-import { FlowLog, waitFor } from '../helpers/flows';
+import { kernelTest, IS_ROOT, netfilterLinks, sleep } from '../helpers/kernel';
+import { FlowLog, TIME_SCALE, waitFor } from '../helpers/flows';
+import { explain } from '../../src/explain/explain';
 import { Lab } from '../../src/lab/lab';
 import { runIn } from '../../src/lab/exec';
 import { argvInNetns } from '../../src/netns/netns';
@@ -121,6 +125,57 @@ describe('kube-proxy IPVS mode (kernel)', () => {
     } finally {
       ct.kill();
       await p.stop();
+    }
+  });
+
+  kernelTest('explain: the virtual service, shares as rr and weights give them, persistence as affinity, --watch agreeing with IPVS', async (t) => {
+    if (!lab) {
+      if (process.env.SVT_REQUIRE_IPVS === '1') assert.fail(`SVT_REQUIRE_IPVS=1, but ${unavailable}`);
+      t.skip(unavailable);
+      return;
+    }
+    const L: Lab = lab;
+    const web = L.service('web');
+    const vip = `${web.clusterIP}:80`;
+    const [pod0, pod1] = L.pods as [(typeof L.pods)[0], (typeof L.pods)[0]];
+    // A terminating endpoint, as kube-proxy keeps it: weight 0, no new connections.
+    await runIn(L.nodeNetns, ['ipvsadm', '-e', '-t', vip, '-r', `${pod0.ip}:8080`, '-m', '-w', '0']);
+    try {
+      const served = L.served.length;
+      const linksBefore = netfilterLinks().length;
+      const watch = explain({ target: vip, netns: L.nodeNetns, watchSeconds: 4 * TIME_SCALE });
+      assert.ok(await waitFor(() => netfilterLinks().length >= linksBefore + 8, 15_000), 'explain --watch attached');
+      for (let i = 0; i < 10; i++) assert.ok((await L.curl(`http://${vip}/w${i}`, 'client')).ok);
+      const e = (await watch)[0]!;
+      assert.equal(e.mode, 'ipvs');
+      assert.equal(e.service?.source, 'ipvs');
+      assert.equal(e.service?.chain, 'ipvs rr');
+      const share = (ip: string) => e.service!.endpoints.find((x) => x.ip === ip)?.probability;
+      assert.equal(share(pod0.ip), 0, 'weight 0: no share');
+      assert.equal(share(pod1.ip), 1);
+      // What the kernel did agrees: every new connection went to pod1, as
+      // the pods' own logs and svctrace's flows say.
+      assert.deepEqual(new Set(L.served.slice(served).map((x) => x.pod)), new Set([pod1.name]));
+      const seen = (ip: string) => e.observed?.backends.find((b) => b.backend === `${ip}:8080`)?.flows ?? 0;
+      assert.equal(seen(pod1.ip), 10, JSON.stringify(e.observed?.backends));
+      assert.equal(seen(pod0.ip), 0);
+      const codes = e.diagnoses.map((d) => d.code);
+      assert.ok(!codes.includes('SKEWED_DISTRIBUTION'), `no skew: the rules say pod1 takes all (${codes})`);
+      assert.deepEqual(e.diagnoses.filter((d) => d.severity === 'error'), [], 'no error');
+    } finally {
+      await runIn(L.nodeNetns, ['ipvsadm', '-e', '-t', vip, '-r', `${pod0.ip}:8080`, '-m', '-w', '1']);
+    }
+
+    // sessionAffinity: ClientIP is a persistent virtual service in IPVS.
+    await L.setAffinity('web', 600);
+    try {
+      const a = (await explain({ target: vip, netns: L.nodeNetns }))[0]!;
+      assert.equal(a.service?.affinitySeconds, 600);
+      const d = a.diagnoses.find((x) => x.code === 'SESSION_AFFINITY');
+      assert.deepEqual(d?.evidence, [`IPVS virtual service ${vip} is persistent (ipvsadm: persistent 600)`]);
+      assert.deepEqual(a.service!.endpoints.map((x) => x.probability), [0.5, 0.5]);
+    } finally {
+      await L.setAffinity('web', undefined);
     }
   });
 });

@@ -218,7 +218,7 @@ describe('nftables discovery', () => {
 });
 
 describe('IPVS discovery (ipvsadm -Ln)', () => {
-  it('reads virtual services, real servers and weights', () => {
+  it('reads virtual services, real servers and their shares as the scheduler gives them', () => {
     const text = `IP Virtual Server version 1.2.1 (size=4096)
 Prot LocalAddress:Port Scheduler Flags
   -> RemoteAddress:Port           Forward Weight ActiveConn InActConn
@@ -226,14 +226,30 @@ TCP  10.96.0.100:80 rr
   -> 10.244.1.10:8080             Masq    1      0          0
   -> 10.244.1.11:8080             Masq    1      3          1
   -> 10.244.1.12:8080             Masq    2      0          0
+  -> 10.244.1.13:8080             Masq    0      0          7
+TCP  10.96.0.101:80 wrr
+  -> 10.244.1.10:8080             Masq    1      0          0
+  -> 10.244.1.11:8080             Masq    1      0          0
+  -> 10.244.1.12:8080             Masq    2      0          0
+  -> 10.244.1.13:8080             Masq    0      0          0
 UDP  10.96.0.10:53 rr persistent 10800
   -> 10.244.1.10:5353             Masq    1      0          4
+TCP  10.96.0.102:80 rr
+  -> 10.244.1.10:8080             Masq    0      0          0
 `;
     const d = parseIpvsadm(text);
     assert.equal(d.mode, 'ipvs');
+    // rr ignores weights but 0 (a terminating endpoint, as kube-proxy sets it).
     const web = findByAddress(d, '10.96.0.100', 80, 'tcp')!;
-    assert.deepEqual(web.endpoints.map((e) => e.probability), [0.25, 0.25, 0.5]);
+    assert.deepEqual(web.endpoints.map((e) => e.probability), [1 / 3, 1 / 3, 1 / 3, 0]);
     assert.equal(web.chain, 'ipvs rr');
+    const weighted = findByAddress(d, '10.96.0.101', 80, 'tcp')!;
+    assert.deepEqual(weighted.endpoints.map((e) => e.probability), [0.25, 0.25, 0.5, 0]);
+    // Persistence is session affinity, with IPVS's own words as evidence.
+    const affinity = diagnoseRules(findByAddress(d, '10.96.0.10', 53, 'udp')!, '10.96.0.10:53/udp', true).find((x) => x.code === 'SESSION_AFFINITY');
+    assert.deepEqual(affinity?.evidence, ['IPVS virtual service 10.96.0.10:53 is persistent (ipvsadm: persistent 10800)']);
+    // Every real server quiesced: no connection goes anywhere.
+    assert.deepEqual(findByAddress(d, '10.96.0.102', 80, 'tcp')!.endpoints.map((e) => e.probability), [0]);
     const dns = findByAddress(d, '10.96.0.10', 53, 'udp')!;
     assert.equal(dns.affinitySeconds, 10800);
     assert.equal(dns.endpoints[0]!.probability, 1);
