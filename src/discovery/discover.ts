@@ -7,7 +7,7 @@
 import { CURRENT_NETNS, runInNetns } from '../netns/netns';
 import { parseIptablesSave } from './iptables';
 import { parseNftKubeProxy } from './nftables';
-import { parseIpvsadm } from './ipvs';
+import { parseIpvsadm, withIptablesMasquerade } from './ipvs';
 import { Discovery } from './model';
 
 export async function discover(netnsPath: string = CURRENT_NETNS): Promise<Discovery> {
@@ -16,11 +16,12 @@ export async function discover(netnsPath: string = CURRENT_NETNS): Promise<Disco
     runInNetns(netnsPath, ['iptables-save']),
   ]);
   const warnings: string[] = [];
-  // IPVS mode: kube-proxy keeps iptables rules too, but the balancing is IPVS's.
+  // IPVS mode: the balancing is IPVS's, but kube-proxy's masquerade is still
+  // an iptables rule (KUBE-POSTROUTING), read from there.
   const ipvs = await runInNetns(netnsPath, ['ipvsadm', '-Ln']);
   if (ipvs.code === 0) {
     const d = parseIpvsadm(ipvs.stdout);
-    if (d.services.length) return d;
+    if (d.services.length) return ipt.code === 0 ? withIptablesMasquerade(d, ipt.stdout) : d;
   }
   if (nft.code === 0) {
     const d = parseNftKubeProxy(nft.stdout);

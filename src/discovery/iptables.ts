@@ -37,7 +37,7 @@ export function splitRule(line: string): string[] {
   return out;
 }
 
-interface Rule {
+export interface Rule {
   chain: string;
   args: string[];
   opt(name: string): string | undefined;
@@ -47,7 +47,7 @@ interface Rule {
   comment?: string;
 }
 
-function parseRule(line: string): Rule | null {
+export function parseRule(line: string): Rule | null {
   const a = splitRule(line);
   if (a[0] !== '-A' || !a[1]) return null;
   const args = a.slice(2);

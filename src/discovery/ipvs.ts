@@ -13,6 +13,7 @@
  * kube-proxy sets it for terminating endpoints (graceful termination).
  */
 import { DiscoveredService, Discovery } from './model';
+import { parseIptablesSave, parseRule } from './iptables';
 
 const WEIGHTED_SCHEDULERS = new Set(['wrr', 'wlc', 'sed', 'lblc', 'lblcr', 'mh', 'twos']);
 
@@ -57,4 +58,25 @@ export function parseIpvsadm(text: string): Discovery {
   }
   finish();
   return { mode: services.length ? 'ipvs' : 'none', services, masqueradeRule: true, warnings: [] };
+}
+
+/**
+ * IPVS balances, but kube-proxy's masquerading stays in iptables
+ * (`iptables-save` of the node): the KUBE-POSTROUTING MASQUERADE rule, and
+ * the mark for traffic to a ClusterIP from outside the cluster CIDR
+ * (KUBE-SERVICES ! -s CIDR -m set --match-set KUBE-CLUSTER-IP dst,dst ->
+ * KUBE-MARK-MASQ), which applies to every virtual service in that set.
+ */
+export function withIptablesMasquerade(d: Discovery, iptablesSave: string): Discovery {
+  const mark = iptablesSave
+    .split('\n')
+    .filter((l) => l.startsWith('-A KUBE-SERVICES ') && /--match-set KUBE-CLUSTER-IP dst,dst/.test(l))
+    .map(parseRule)
+    .find((r) => r?.target === 'KUBE-MARK-MASQ' && r.negated('-s'));
+  const unless = mark?.opt('-s');
+  return {
+    ...d,
+    masqueradeRule: parseIptablesSave(iptablesSave).masqueradeRule,
+    services: d.services.map((s) => (unless ? { ...s, masqueradeUnless: unless } : s)),
+  };
 }

@@ -190,8 +190,10 @@ export function diagnoseRules(svc: DiscoveredService | undefined, target: string
     out.push({
       code: 'NO_ENDPOINTS', layer: 'rules', object: `service ${svc.name}`,
       severity: 'error',
-      summary: `${svc.name} has no endpoints: kube-proxy ${svc.rejects ? 'REJECTs' : 'drops'} new connections (clients see "connection refused"); check the pods' readiness and the EndpointSlices`,
-      evidence: [svc.rejects ? `REJECT rule for ${svc.clusterIP}:${svc.port} ("has no endpoints")` : `${svc.chain} has no endpoint rule`],
+      // IPVS answers a virtual service without real servers with an ICMP
+      // port unreachable (ip_vs_leave in ip_vs_core.c): refused, too.
+      summary: `${svc.name} has no endpoints: ${svc.rejects ? 'kube-proxy REJECTs new connections (clients see "connection refused")' : svc.source === 'ipvs' ? 'IPVS has no real server for it and refuses new connections with an ICMP port unreachable (clients see "connection refused")' : 'kube-proxy drops new connections (clients time out)'}; check the pods' readiness and the EndpointSlices`,
+      evidence: [svc.rejects ? `REJECT rule for ${svc.clusterIP}:${svc.port} ("has no endpoints")` : svc.source === 'ipvs' ? `IPVS virtual service ${svc.clusterIP}:${svc.port} has no real server` : `${svc.chain} has no endpoint rule`],
     });
   }
   if (svc.affinitySeconds) {

@@ -2,12 +2,16 @@
  * Diagnoses while tracing: every few seconds, the flows that started in the
  * last window are compared with the rules (the same checks as `explain
  * --watch`); a diagnosis is reported once, then again only if it persists
- * after a minute. The rules-based ones are reported at the start.
+ * after a minute. The rules-based ones are reported at the start. The
+ * distribution over backends is a statistic, not an event: it is judged on
+ * the flows of the last minute (a window of a slow or quiet Service holds
+ * too few), so the evidence for a skew accumulates across windows.
  */
 import { DiscoveredService } from '../discovery/model';
 import type { Flow, Ingested } from '../flows/types';
 import { serviceLabel } from '../flows/service-ids';
 import { parseServiceSpec } from '../net/ipv4';
+import { IPS_SEEN_REPLY } from '../events/conntrack';
 import { BackendView, Diagnosis, diagnoseRuleConsistency, diagnoseRules, diagnoseTraffic, observeFlows } from './diagnose';
 
 export interface LiveDiagnosis extends Diagnosis {
@@ -18,12 +22,32 @@ const REPEAT_AFTER_MS = 60_000;
 const UPDATE_AFTER_MS = 15_000;
 /** A flow is judged this long after it started: time to be answered, reset or refused. */
 const GRACE_NS = 2_000_000_000n;
+/**
+ * A flow with nothing to show yet (no reply, reset, drop nor ICMP error)
+ * waits longer: a neighbour that does not answer is given up, and the
+ * packet dropped (NEIGH_FAILED), only after 3 probes 1 s apart (the
+ * kernel's defaults). Judged at 2 s, a ghost backend's connections looked
+ * like replies lost on the way back.
+ */
+const UNDECIDED_GRACE_NS = 5_000_000_000n;
+
+/** The flow already shows how it went (or that it never reached a backend). */
+function decided(f: Flow): boolean {
+  return !f.dnat || (f.status & IPS_SEEN_REPLY) !== 0 || f.reset || !!f.backendReset || f.drops.length > 0 || f.icmpErrors.length > 0;
+}
 const MAX_PENDING = 20_000;
+/** The flows the distribution over backends is judged on: the last minute's, at most this many. */
+const DISTRIBUTION_HORIZON_NS = 60_000_000_000n;
+const MAX_RECENT = 5_000;
+/** Judged on the horizon's flows, not a window's. */
+const DISTRIBUTION_CODES = new Set(['SKEWED_DISTRIBUTION']);
 
 export class LiveDiagnoser {
   private readonly lastSaid = new Map<string, { at: number; summary: string }>();
   private readonly timer: NodeJS.Timeout;
   private pending = new Set<Flow>();
+  /** Judged flows of the last DISTRIBUTION_HORIZON_NS, oldest first. */
+  private recent: Flow[] = [];
   /** The rules' diagnoses (and the node's, like conntrack pressure): in effect for the whole run. */
   private readonly fromRules: LiveDiagnosis[];
   /** The node's routes to backends and who holds their addresses (set once looked up). */
@@ -83,18 +107,27 @@ export class LiveDiagnoser {
   }
 
   /** One window: the flows old enough to judge, per service. */
-  tick(nowNs = process.hrtime.bigint()): void {
+  tick(nowNs = process.hrtime.bigint(), final = false): void {
     const flows: Flow[] = [];
     for (const f of this.pending) {
-      if (nowNs - f.firstTsNs >= GRACE_NS) {
+      const age = nowNs - f.firstTsNs;
+      // The last tick waits for nothing more: what is old enough is judged.
+      if (age >= UNDECIDED_GRACE_NS || (age >= GRACE_NS && (final || decided(f)))) {
         flows.push(f);
         this.pending.delete(f);
       }
     }
+    this.recent.push(...flows);
+    const since = nowNs - DISTRIBUTION_HORIZON_NS;
+    let old = 0;
+    while (old < this.recent.length && this.recent[old]!.firstTsNs < since) old++;
+    this.recent.splice(0, Math.max(old, this.recent.length - MAX_RECENT));
     const out: LiveDiagnosis[] = [];
     for (const s of this.services) {
       const t = observeFlows(s, flows, this.windowMs / 1000);
-      if (t.flows) out.push(...diagnoseTraffic(s, t, this.view).map((d) => this.tag(s, d)));
+      if (t.flows) out.push(...diagnoseTraffic(s, t, this.view).filter((d) => !DISTRIBUTION_CODES.has(d.code)).map((d) => this.tag(s, d)));
+      const h = observeFlows(s, this.recent, Number(DISTRIBUTION_HORIZON_NS / 1_000_000_000n));
+      if (t.flows && h.flows) out.push(...diagnoseTraffic(s, h, this.view).filter((d) => DISTRIBUTION_CODES.has(d.code)).map((d) => this.tag(s, d)));
     }
     this.onActive?.([...this.fromRules, ...out]);
     this.emit(out);
@@ -103,6 +136,6 @@ export class LiveDiagnoser {
   /** Stops; the flows old enough to judge are judged first (a short trace still gets its diagnoses). */
   stop(): void {
     clearInterval(this.timer);
-    this.tick();
+    this.tick(undefined, true);
   }
 }

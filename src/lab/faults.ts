@@ -11,6 +11,7 @@ import { runIn } from './exec';
 import { Lab, LAB_ADDR, POD_HTTP_PORT } from './lab';
 
 export type FaultTool = 'probe' | 'watch' | 'trace';
+export type FaultMode = 'iptables' | 'nftables' | 'ipvs';
 
 /** A diagnosis a tool must give: its code, and the object it must name (a substring of Diagnosis.object). */
 export interface Expected {
@@ -22,8 +23,13 @@ export interface Fault {
   id: string;
   /** The symptom, as a user meets it. */
   symptom: string;
-  /** kube-proxy modes the fault applies to in this lab (IPVS: not built into this machine's kernel; see issue #12). */
-  modes: Array<'iptables' | 'nftables'>;
+  /**
+   * kube-proxy modes the fault is injected in. IPVS (not built into this
+   * project's host kernels: run in the VM matrix) takes the faults whose
+   * mechanism differs there (the balancing, the rules, affinity); see
+   * NOT_COVERED for the others.
+   */
+  modes: FaultMode[];
   /** What explain and trace are asked about (IP:port[/proto]: names vanish with the rules). */
   target: string;
   /** Makes the fault; returns values its expectations name (a rule chain). */
@@ -32,7 +38,7 @@ export interface Fault {
   /** Traffic that meets the fault (from the client namespace). */
   traffic(lab: Lab): Promise<void>;
   /** Per tool: the diagnoses it must give. Any other error-level diagnosis is a wrong one. */
-  expect(vars: Record<string, string>): Record<FaultTool, Expected[]>;
+  expect(vars: Record<string, string>, mode: FaultMode): Record<FaultTool, Expected[]>;
 }
 
 const WEB = '10.96.0.100:80';
@@ -75,13 +81,19 @@ async function udpQueries(lab: Lab, n = 6): Promise<void> {
   await runIn(lab.clientNetns, [process.execPath, '-e', script], { allowFail: true, timeoutMs: 10_000 });
 }
 
+/**
+ * How diagnoses name a Service: by namespace/name from the rules' comments;
+ * IPVS's virtual services carry no names, so there by address.
+ */
+const service = (mode: FaultMode, name: string, address: string) => `service ${mode === 'ipvs' ? address.split('/')[0] : name}`;
+
 /** Every error-level diagnosis of a tool is one of these. */
 const same = (e: Expected[]): Record<FaultTool, Expected[]> => ({ probe: e, watch: e, trace: e });
 
 export const HEALTHY: Fault = {
   id: 'healthy',
   symptom: 'nothing is wrong',
-  modes: ['iptables', 'nftables'],
+  modes: ['iptables', 'nftables', 'ipvs'],
   target: WEB,
   inject: async () => ({}),
   remove: async () => undefined,
@@ -93,7 +105,7 @@ export const FAULTS: Fault[] = [
   {
     id: 'backend-not-listening',
     symptom: 'some requests are refused at once',
-    modes: ['iptables', 'nftables'],
+    modes: ['iptables', 'nftables', 'ipvs'],
     target: WEB,
     inject: async (lab) => (await lab.stopServer('pod1'), {}),
     remove: (lab) => lab.restartServer('pod1'),
@@ -146,17 +158,17 @@ export const FAULTS: Fault[] = [
   {
     id: 'no-endpoints',
     symptom: 'every request is refused',
-    modes: ['iptables', 'nftables'],
+    modes: ['iptables', 'nftables', 'ipvs'],
     target: WEB,
     inject: async (lab) => (await lab.setEndpoints('web', []), {}),
     remove: (lab) => lab.resetRules(),
     traffic: (lab) => curls(lab, 4),
-    expect: () => same([{ code: 'NO_ENDPOINTS', object: 'service default/web' }]),
+    expect: (_, mode) => same([{ code: 'NO_ENDPOINTS', object: service(mode, 'default/web', WEB) }]),
   },
   {
     id: 'rules-missing',
     symptom: 'every request to the ClusterIP times out',
-    modes: ['iptables', 'nftables'],
+    modes: ['iptables', 'nftables', 'ipvs'],
     target: WEB,
     inject: async (lab) => (await lab.dropService('web'), {}),
     remove: (lab) => lab.resetRules(),
@@ -166,7 +178,7 @@ export const FAULTS: Fault[] = [
   {
     id: 'masquerade-missing',
     symptom: 'replies from pods may not come back the way requests went',
-    modes: ['iptables', 'nftables'],
+    modes: ['iptables', 'nftables', 'ipvs'],
     target: WEB,
     inject: async (lab) => (await lab.setMasquerade(false), {}),
     remove: (lab) => lab.resetRules(),
@@ -176,17 +188,17 @@ export const FAULTS: Fault[] = [
   {
     id: 'session-affinity',
     symptom: 'all traffic lands on one pod',
-    modes: ['iptables', 'nftables'],
+    modes: ['iptables', 'nftables', 'ipvs'],
     target: WEB,
     inject: async (lab) => (await lab.setAffinity('web', 10800), {}),
     remove: (lab) => lab.resetRules(),
     traffic: async (lab) => {
       for (let i = 0; i < 18; i++) await lab.curl(`http://${WEB.split(':')[0]}/`, 'client', ['--max-time', '2']);
     },
-    expect: () => ({
-      probe: [{ code: 'SESSION_AFFINITY', object: 'service default/web' }],
-      watch: [{ code: 'SESSION_AFFINITY', object: 'service default/web' }, { code: 'SKEWED_DISTRIBUTION', object: 'service default/web' }],
-      trace: [{ code: 'SKEWED_DISTRIBUTION', object: 'service default/web' }],
+    expect: (_, mode) => ({
+      probe: [{ code: 'SESSION_AFFINITY', object: service(mode, 'default/web', WEB) }],
+      watch: [{ code: 'SESSION_AFFINITY', object: service(mode, 'default/web', WEB) }, { code: 'SKEWED_DISTRIBUTION', object: service(mode, 'default/web', WEB) }],
+      trace: [{ code: 'SKEWED_DISTRIBUTION', object: service(mode, 'default/web', WEB) }],
     }),
   },
   {
@@ -309,19 +321,23 @@ export const FAULTS: Fault[] = [
   {
     id: 'dns-no-endpoints',
     symptom: 'name lookups fail in every pod',
-    modes: ['iptables', 'nftables'],
+    modes: ['iptables', 'nftables', 'ipvs'],
     target: DNS,
     inject: async (lab) => (await lab.setEndpoints('kube-dns', []), {}),
     remove: (lab) => lab.resetRules(),
     traffic: (lab) => udpQueries(lab),
-    expect: () => same([{ code: 'NO_ENDPOINTS', object: 'service kube-system/kube-dns' }]),
+    expect: (_, mode) => same([{ code: 'NO_ENDPOINTS', object: service(mode, 'kube-system/kube-dns', DNS) }]),
   },
 ];
 
 /** Faults of the seed articles this catalogue does not inject yet, and why. */
 export const NOT_COVERED: Array<{ fault: string; why: string }> = [
   {
-    fault: 'every fault in kube-proxy IPVS mode',
-    why: 'IPVS is not built into this machine\'s kernel; the lab renders IPVS mode and svctrace traces it in the VM matrix (test/kernel/ipvs.test.ts), but the faults are not yet rendered for it, and the catalogue (7 min per mode here) would take several times that under the matrix\'s emulated CPU',
+    fault: 'in kube-proxy IPVS mode: route-blackhole, ghost-endpoint',
+    why: "they fail there: a connection IPVS could not route to its real server is read as RULES_MISSING (IPVS rewrites the conntrack entry only when it sends the packet, so such a connection looks un-DNATed); and trace, next to the right GHOST_BACKEND, says REPLY_PATH_BROKEN for a window in which one of the ghost's connections showed no drop (1 of 5 had none even at the end: not yet understood)",
+  },
+  {
+    fault: 'in kube-proxy IPVS mode: stale-rule, local-policy-no-local-endpoint, pod-firewall-*, reply-path-broken, neighbour-failure, vxlan-broken, mtu-blackhole, conntrack-near-full',
+    why: "a stale rule has no IPVS form (no per-endpoint chain: a wrong real server is a ghost backend); the lab does not render externalTrafficPolicy: Local in IPVS mode; the others happen after IPVS's DNAT, as in the other modes, and each costs a minute or more under the VM matrix's emulated CPU",
   },
 ];

@@ -16,7 +16,7 @@
  * SVT_REQUIRE_IPVS=1 (the VM matrix, whose Debian kernels have it), where
  * that is a failure.
  */
-import { after, before, describe } from 'node:test';
+import { after, before, describe, TestContext } from 'node:test';
 import assert from 'node:assert/strict';
 import { ChildProcess, spawn } from 'node:child_process';
 import { kernelTest, IS_ROOT, netfilterLinks, sleep } from '../helpers/kernel';
@@ -54,13 +54,18 @@ describe('kube-proxy IPVS mode (kernel)', () => {
     await lab?.down();
   });
 
+  /** The IPVS lab, or undefined after skipping (no IPVS here) or failing (SVT_REQUIRE_IPVS=1). */
+  function ipvsLab(t: TestContext): Lab | undefined {
+    if (lab) return lab;
+    if (process.env.SVT_REQUIRE_IPVS === '1') assert.fail(`SVT_REQUIRE_IPVS=1, but ${unavailable}`);
+    t.skip(unavailable);
+    return undefined;
+  }
+
   kernelTest('every connection to the VIP: the real server, the masquerade and the reply in one flow; exact counters; rr shares as IPVS counts them', async (t) => {
-    if (!lab) {
-      if (process.env.SVT_REQUIRE_IPVS === '1') assert.fail(`SVT_REQUIRE_IPVS=1, but ${unavailable}`);
-      t.skip(unavailable);
-      return;
-    }
-    const L: Lab = lab;
+    const up = ipvsLab(t);
+    if (!up) return;
+    const L: Lab = up;
     const web = L.service('web');
     // The kernel's own account of each entry, read apart from svctrace.
     const [cmd, ...args] = argvInNetns(L.nodeNetns, ['conntrack', '-E', '-e', 'DESTROY', '-o', 'extended']);
@@ -129,12 +134,9 @@ describe('kube-proxy IPVS mode (kernel)', () => {
   });
 
   kernelTest('explain: the virtual service, shares as rr and weights give them, persistence as affinity, --watch agreeing with IPVS', async (t) => {
-    if (!lab) {
-      if (process.env.SVT_REQUIRE_IPVS === '1') assert.fail(`SVT_REQUIRE_IPVS=1, but ${unavailable}`);
-      t.skip(unavailable);
-      return;
-    }
-    const L: Lab = lab;
+    const up = ipvsLab(t);
+    if (!up) return;
+    const L: Lab = up;
     const web = L.service('web');
     const vip = `${web.clusterIP}:80`;
     const [pod0, pod1] = L.pods as [(typeof L.pods)[0], (typeof L.pods)[0]];

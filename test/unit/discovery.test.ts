@@ -11,7 +11,8 @@ import fs from 'node:fs';
 import { parseIptablesSave, splitRule } from '../../src/discovery/iptables';
 import { parseNftKubeProxy } from '../../src/discovery/nftables';
 import { findByName, findByAddress, findByAnyAddress, tracedAddressesOf } from '../../src/discovery/model';
-import { parseIpvsadm } from '../../src/discovery/ipvs';
+import { parseIpvsadm, withIptablesMasquerade } from '../../src/discovery/ipvs';
+import { renderIpvs } from '../../src/lab/kube-ipvs';
 import { formatExplanation } from '../../src/explain/explain';
 import { BackendState, BackendView, Diagnosis, diagnoseBackends, diagnoseRules, diagnoseTraffic } from '../../src/explain/diagnose';
 import { KubeService, renderFilterTable, renderNatTable } from '../../src/lab/kube-rules';
@@ -248,6 +249,15 @@ TCP  10.96.0.102:80 rr
     // Persistence is session affinity, with IPVS's own words as evidence.
     const affinity = diagnoseRules(findByAddress(d, '10.96.0.10', 53, 'udp')!, '10.96.0.10:53/udp', true).find((x) => x.code === 'SESSION_AFFINITY');
     assert.deepEqual(affinity?.evidence, ['IPVS virtual service 10.96.0.10:53 is persistent (ipvsadm: persistent 10800)']);
+    // The masquerade stays in iptables: read from kube-proxy's IPVS-mode nat table, and its absence diagnosed.
+    for (const masquerade of [true, false]) {
+      const nat = renderIpvs([], { clusterCIDR: '10.244.0.0/16', nodeIPs: ['10.250.0.1'], masquerade }).iptables;
+      const m = withIptablesMasquerade(d, nat);
+      assert.equal(m.masqueradeRule, masquerade);
+      const web2 = findByAddress(m, '10.96.0.100', 80, 'tcp')!;
+      assert.equal(web2.masqueradeUnless, '10.244.0.0/16');
+      assert.equal(diagnoseRules(web2, '10.96.0.100:80', m.masqueradeRule).some((x) => x.code === 'MASQUERADE_RULE_MISSING'), !masquerade);
+    }
     // Every real server quiesced: no connection goes anywhere.
     assert.deepEqual(findByAddress(d, '10.96.0.102', 80, 'tcp')!.endpoints.map((e) => e.probability), [0]);
     const dns = findByAddress(d, '10.96.0.10', 53, 'udp')!;

@@ -8,6 +8,8 @@ import { serviceById, serviceIdsOf, serviceLabel, serviceLabelById } from '../..
 import { argvInNetns, CURRENT_NETNS } from '../../src/netns/netns';
 import { parseNodePortSpec, parseServiceSpec } from '../../src/net/ipv4';
 import type { Flow, Ingested } from '../../src/flows/types';
+import type { DiscoveredService } from '../../src/discovery/model';
+import { IPS_SEEN_REPLY } from '../../src/events/conntrack';
 
 describe('SinkSet', () => {
   it('a throwing sink is reported once and never stops the others', async () => {
@@ -98,6 +100,50 @@ describe('marker tables left by dead svctrace processes', () => {
 });
 
 describe('live diagnoses as evidence accumulates', () => {
+  it('a skew is judged on the last minute of flows: windows of a slow Service add up to the evidence', (t) => {
+    t.mock.timers.enable({ apis: ['Date', 'setInterval'], now: 1_000_000 });
+    const svc: DiscoveredService = {
+      name: 'default/web:http', namespace: 'default', service: 'web', portName: 'http', clusterIP: '10.96.0.100', port: 80, proto: 'tcp', nodePorts: [],
+      endpoints: ['10.244.1.10', '10.244.1.11', '10.244.1.12'].map((ip) => ({ ip, port: 8080, probability: 1 / 3, chain: 'KUBE-SEP-X' })),
+      chain: 'KUBE-SVC-X', rejects: false, nodePortMasquerade: false, source: 'iptables',
+    };
+    let port = 40_000;
+    // An answered connection to pod .12, started at `startS` seconds.
+    const flow = (startS: number): Flow => {
+      const sport = port++;
+      return {
+        id: sport, key: `ct:${sport}`, tupleIndexKey: '', service: '10.96.0.100:80/tcp', serviceId: 1, proto: 6, ctId: String(sport), nodeNetnsIno: 1,
+        orig: { saddr: '10.250.0.2', daddr: '10.96.0.100', sport, dport: 80, proto: 6 },
+        reply: { saddr: '10.244.1.12', daddr: '10.250.0.2', sport: 8080, dport: sport, proto: 6 },
+        status: IPS_SEEN_REPLY, tcpState: 0, dnat: true, masqueraded: false, packets: [5, 5], bytes: [0, 0], kernelDrops: 0, countersFinal: false,
+        firstTsNs: BigInt(startS) * 1_000_000_000n, lastTsNs: 0n, closed: false, drops: [], reset: false, icmpErrors: [], rulePath: [], seen: [],
+      };
+    };
+    const said: string[] = [];
+    const live = new LiveDiagnoser([svc], (ds) => said.push(...ds.map((d) => d.code)), 5000);
+    // Four windows of four connections each: no window alone holds enough (15) to judge.
+    for (let w = 0; w < 4; w++) {
+      live.observe(Array.from({ length: 4 }, () => ({ flow: flow(w * 5) }) as Ingested));
+      live.tick(BigInt(w * 5 + 3) * 1_000_000_000n);
+      assert.equal(said.includes('SKEWED_DISTRIBUTION'), w === 3, `after window ${w}: ${said}`);
+    }
+    // A connection with nothing to show yet waits (a neighbour is given up after 3 s), then is judged.
+    said.length = 0;
+    const quiet = { ...flow(30), status: 0 };
+    live.observe([{ flow: quiet } as Ingested]);
+    live.tick(32n * 1_000_000_000n + 500_000_000n);
+    assert.equal(said.length, 0, 'not judged at 2.5 s');
+    live.tick(35n * 1_000_000_000n + 500_000_000n);
+    assert.ok(said.includes('REPLY_PATH_BROKEN'), `judged at 5.5 s: ${said}`);
+    // A minute later the old flows no longer count: a few new ones are not a skew.
+    said.length = 0;
+    t.mock.timers.tick(120_000);
+    live.observe(Array.from({ length: 4 }, () => ({ flow: flow(100) }) as Ingested));
+    live.tick(103n * 1_000_000_000n);
+    assert.ok(!said.includes('SKEWED_DISTRIBUTION'), `${said}`);
+    live.stop();
+  });
+
   it('a diagnosis is said at once, again when its numbers change (at most every 15 s), and again after a minute', (t) => {
     t.mock.timers.enable({ apis: ['Date', 'setInterval'], now: 1_000_000 });
     const said: string[] = [];
