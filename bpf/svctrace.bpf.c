@@ -948,6 +948,14 @@ static __always_inline bool is_benign_free(struct sk_buff *skb, enum skb_drop_re
 		reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_TCP_CLOSE));
 }
 
+/* The namespace's conntrack entry of the packet (ours or a pod's own) is a
+ * TCP connection in TIME_WAIT. */
+static __always_inline bool in_time_wait(struct nf_conn *ct)
+{
+	return ct && BPF_CORE_READ(ct, tuplehash[IP_CT_DIR_ORIGINAL].tuple.dst.protonum) == IPPROTO_TCP &&
+	       BPF_CORE_READ(ct, proto.tcp.state) == TCP_CONNTRACK_TIME_WAIT;
+}
+
 static __always_inline int observe_drop(struct sk_buff *skb, __u32 reason, const bool has_reason)
 {
 	struct svt_flow_counters *st;
@@ -982,6 +990,13 @@ static __always_inline int observe_drop(struct sk_buff *skb, __u32 reason, const
 			svc = service_lookup(t.daddr, t.dport, t.proto);
 	}
 	if (!svc && !ref)
+		return 0;
+	/* A segment that reached its connection in TIME_WAIT (the peer's FIN
+	 * again, our last ACK having been late): TCP answers it and frees it as
+	 * NOT_SPECIFIED (tcp_v4_rcv: do_time_wait -> discard_it). The end of a
+	 * healthy connection, not a drop. */
+	if (!targ_all_packets && (!has_reason || reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_NOT_SPECIFIED)) &&
+	    in_time_wait(ct_of_skb(skb)))
 		return 0;
 	svc_id = svc ? *svc : ref->service_id;
 

@@ -31,9 +31,16 @@ export function netfilterLinks(): Array<{ id: number; hook?: number; prio?: numb
   const out = execFileSync('bpftool', ['-j', 'link', 'list'], { encoding: 'utf8' });
   const links = JSON.parse(out || '[]') as Array<{ id: number; type: string; attach_type?: string; hook?: number; prio?: number; prog_id?: number }>;
   const perf = JSON.parse(execFileSync('bpftool', ['-j', 'perf'], { encoding: 'utf8' }) || '[]') as Array<{ pid: number; fd: number; prog_id: number; fd_type?: string; func?: string }>;
-  const kprobes = perf
-    .filter((p) => (p.fd_type === 'kprobe' || p.fd_type === 'kretprobe') && /^nf_nat_ipv4_(pre_routing|local_fn|out|local_in)$/.test(p.func ?? ''))
-    .map((p) => ({ id: -p.fd, prog_id: p.prog_id, pid: p.pid }));
+  // One per attached program: bpftool finds them through the processes'
+  // open fds, and a process forked by a tracer holds its fds until it execs
+  // (a helper command starting, caught by the scan): counted once.
+  const kprobes = [
+    ...new Map(
+      perf
+        .filter((p) => (p.fd_type === 'kprobe' || p.fd_type === 'kretprobe') && /^nf_nat_ipv4_(pre_routing|local_fn|out|local_in)$/.test(p.func ?? ''))
+        .map((p) => [p.prog_id, { id: -p.prog_id, prog_id: p.prog_id, pid: p.pid }] as const),
+    ).values(),
+  ];
   return [...links.filter((l) => l.type === 'netfilter' || (l.type === 'tracing' && (l.attach_type === 'trace_fentry' || l.attach_type === 'trace_fexit'))), ...kprobes];
 }
 
