@@ -211,6 +211,13 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
         await loadDone;
       }
       assert.ok(await tracer.drain(10_000), 'the reader caught up once JS was back');
+      // The connections the load left end a moment later (resets, conntrack
+      // destroys): records written after the drain arrive within it.
+      const settled = () => {
+        const s = tracer.stats();
+        return delivered === s.kernelEvents + s.ctDestroyEvents && s.recordsRead === s.kernelEvents;
+      };
+      await waitFor(settled, 5_000);
       const st = tracer.stats();
       assert.ok(stalled, 'the consumer stalled');
       assert.ok(st.readerHeldBack > 0, `the reader held back while JS was stalled (${st.readerHeldBack})`);
