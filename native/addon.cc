@@ -3,7 +3,6 @@
 #include <malloc.h>
 #include <napi.h>
 
-#include "drop_reasons.h"
 #include "errors.h"
 #include "layout.h"
 #include "probe.h"
@@ -30,7 +29,6 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   svt::InstallLibbpfLogger();
   exports.Set("Tracer", svt::Tracer::Init(env));
   exports.Set("probeFeatures", Napi::Function::New(env, svt::ProbeFeatures, "probeFeatures"));
-  exports.Set("dropReasons", Napi::Function::New(env, svt::DropReasons, "dropReasons"));
   exports.Set("releaseFreeMemory", Napi::Function::New(env, ReleaseFreeMemory, "releaseFreeMemory"));
   exports.Set("layout", Napi::Function::New(env, svt::Layout, "layout"));
   return exports;

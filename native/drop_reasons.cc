@@ -3,21 +3,23 @@
 #include <linux/types.h>
 #include <bpf/btf.h>
 #include <bpf/libbpf.h>
-#include <errno.h>
 #include <string.h>
 
-#include <string>
-
-#include "errors.h"
 #include "events.h"
 
 namespace svt {
 
-Napi::Value DropReasons(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
+DropReasonInfo ReadDropReasons() {
+  DropReasonInfo info;
   struct btf* btf = btf__load_vmlinux_btf();
-  if (!btf) ThrowErrno(env, "btf__load_vmlinux_btf", errno);
-  Napi::Object out = Napi::Object::New(env);
+  if (!btf) return info;
+  // btf_trace_kfree_skb is a pointer to (void *ctx, skb, location[, reason]).
+  __s32 proto = btf__find_by_name_kind(btf, "btf_trace_kfree_skb", BTF_KIND_TYPEDEF);
+  if (proto > 0) {
+    const struct btf_type* t = btf__type_by_id(btf, proto);
+    while (t && (btf_is_typedef(t) || btf_is_ptr(t))) t = btf__type_by_id(btf, t->type);
+    if (t && btf_is_func_proto(t)) info.has_reason = btf_vlen(t) >= 4;
+  }
   __s32 id = btf__find_by_name_kind(btf, "skb_drop_reason", BTF_KIND_ENUM);
   if (id > 0) {
     const struct btf_type* t = btf__type_by_id(btf, id);
@@ -27,14 +29,15 @@ Napi::Value DropReasons(const Napi::CallbackInfo& info) {
     for (__u16 i = 0; i < btf_vlen(t); i++, e++) {
       std::string name = btf__name_by_offset(btf, e->name_off);
       if (name.compare(0, plen, prefix) == 0) name = name.substr(plen);
-      out.Set(std::to_string((__u32)e->val), name);
+      info.names.emplace_back((uint32_t)e->val, name);
     }
+  } else {
+    // Before Linux 5.17 kfree_skb has no reason: every drop reads
+    // SVT_DROP_REASON_UNKNOWN, named as what it is.
+    info.names.emplace_back(SVT_DROP_REASON_UNKNOWN, "UNKNOWN");
   }
-  // Before Linux 5.17 kfree_skb has no reason: every drop reads
-  // SVT_DROP_REASON_UNKNOWN, named as what it is.
-  if (id <= 0) out.Set(std::to_string(SVT_DROP_REASON_UNKNOWN), "UNKNOWN");
   btf__free(btf);
-  return out;
+  return info;
 }
 
 }  // namespace svt

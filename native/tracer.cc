@@ -5,13 +5,13 @@
 #include <linux/types.h>
 #include <linux/netfilter.h>
 #include <bpf/bpf.h>
-#include <bpf/btf.h>
 #include <bpf/libbpf.h>
 #include <errno.h>
 
 #include <array>
 #include <unistd.h>
 
+#include "drop_reasons.h"
 #include "errors.h"
 #include "events.h"
 #include "map_take.h"
@@ -68,6 +68,7 @@ Napi::Function Tracer::Init(Napi::Env env) {
                          InstanceMethod("traceRules", &Tracer::TraceRules),
                          InstanceMethod("expireFlowState", &Tracer::ExpireFlowState),
                          InstanceMethod("snapshotFlowState", &Tracer::SnapshotFlowState),
+                         InstanceMethod("dropReasons", &Tracer::DropReasons),
                      });
 }
 
@@ -85,24 +86,6 @@ static std::array<bpf_program*, 8> KprobePrograms(svctrace_bpf* s) {
           s->progs.svt_kprobe_nf_nat_ipv4_local_fn,    s->progs.svt_kretprobe_nf_nat_ipv4_local_fn,
           s->progs.svt_kprobe_nf_nat_ipv4_out,         s->progs.svt_kretprobe_nf_nat_ipv4_out,
           s->progs.svt_kprobe_nf_nat_ipv4_local_in,    s->progs.svt_kretprobe_nf_nat_ipv4_local_in};
-}
-
-// Whether this kernel's kfree_skb tracepoint carries the drop reason (Linux
-// >= 5.17): its BTF prototype btf_trace_kfree_skb is (void *ctx, skb,
-// location[, reason]). A tp_btf program may read only the arguments the
-// tracepoint has, so the drop program is chosen to match.
-static bool KfreeSkbHasReason() {
-  struct btf* btf = btf__load_vmlinux_btf();
-  if (!btf) return true;  // the load will say what is wrong with BTF
-  bool has = true;
-  __s32 id = btf__find_by_name_kind(btf, "btf_trace_kfree_skb", BTF_KIND_TYPEDEF);
-  if (id > 0) {
-    const struct btf_type* t = btf__type_by_id(btf, id);
-    while (t && (btf_is_typedef(t) || btf_is_ptr(t))) t = btf__type_by_id(btf, t->type);
-    if (t && btf_is_func_proto(t)) has = btf_vlen(t) >= 4;
-  }
-  btf__free(btf);
-  return has;
 }
 
 // new Tracer({ backend?, snaplen?, allPackets?, ringBufferBytes?, statsIntervalMs?, benchSource? }):
@@ -166,9 +149,11 @@ Tracer::Tracer(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Tracer>(info),
   for (bpf_program* p : KprobePrograms(skel_)) bpf_program__set_autoload(p, backend_ == kBackendKprobe);
   // Entry and exit of NAT's own hook: they sit at NAT's priority.
   if (!nf) skel_->data->svt_prio_gap = 0;
-  const bool drop_reason = KfreeSkbHasReason();
-  bpf_program__set_autoload(skel_->progs.svt_drop, drop_reason);
-  bpf_program__set_autoload(skel_->progs.svt_drop_noreason, !drop_reason);
+  // One read of the kernel's BTF: which drop program its kfree_skb takes,
+  // and the reasons' names (dropReasons()).
+  drop_reasons_ = ReadDropReasons();
+  bpf_program__set_autoload(skel_->progs.svt_drop, drop_reasons_.has_reason);
+  bpf_program__set_autoload(skel_->progs.svt_drop_noreason, !drop_reasons_.has_reason);
   napi_add_env_cleanup_hook(env_, &Tracer::CleanupHook, this);
 }
 
@@ -511,6 +496,14 @@ Napi::Value Tracer::SnapshotFlowState(const Napi::CallbackInfo& info) {
 Napi::Value Tracer::Close(const Napi::CallbackInfo& info) {
   Destroy();
   return info.Env().Undefined();
+}
+
+// dropReasons() -> { [value]: 'NO_SOCKET', ... }: this kernel's drop reasons
+// (read with the BTF when the tracer was made).
+Napi::Value Tracer::DropReasons(const Napi::CallbackInfo& info) {
+  Napi::Object out = Napi::Object::New(info.Env());
+  for (const auto& [value, name] : drop_reasons_.names) out.Set(std::to_string(value), name);
+  return out;
 }
 
 }  // namespace svt

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ct_listener.h"
+#include "drop_reasons.h"
 #include "nftrace_listener.h"
 #include "ring_reader.h"
 #include "service_set.h"
@@ -37,6 +38,7 @@ class Tracer : public Napi::ObjectWrap<Tracer> {
   Napi::Value TraceRules(const Napi::CallbackInfo& info);
   Napi::Value ExpireFlowState(const Napi::CallbackInfo& info);
   Napi::Value SnapshotFlowState(const Napi::CallbackInfo& info);
+  Napi::Value DropReasons(const Napi::CallbackInfo& info);
   Napi::Value CollectFlowState(Napi::Env env, bool expire, uint64_t idle_ns);
 
   void RequireLoaded(Napi::Env env, const char* method);
@@ -58,6 +60,7 @@ class Tracer : public Napi::ObjectWrap<Tracer> {
   enum Backend { kBackendNetfilter, kBackendFentry, kBackendKprobe } backend_ = kBackendNetfilter;
   int global_links_ = 0;  // the fentry/kprobe backend's attachments (all namespaces)
   size_t netns_count_ = 0;
+  DropReasonInfo drop_reasons_;
   std::unique_ptr<RingReader> reader_;
   std::shared_ptr<ServiceSet> services_ = std::make_shared<ServiceSet>();
   std::vector<std::unique_ptr<CtListener>> ct_listeners_;

@@ -107,6 +107,8 @@ export interface NativeTracer {
   expireFlowState(idleMs: number): Buffer;
   /** Every tracked flow's counters now (svt_flow_stats records, periodic). */
   snapshotFlowState(): Buffer;
+  /** { [value]: name } of this kernel's drop reasons (enum skb_drop_reason; UNKNOWN where kfree_skb has none). */
+  dropReasons(): Record<string, string>;
   /** Benchmarks only: emit `count` synthetic events of `flows` flows (needs benchSource). */
   benchEmit(count: number, flows: number): void;
 }
@@ -116,7 +118,6 @@ export interface NativeBinding {
   /** Every kernel probe, or only the named ones (the rest are then absent). */
   probeFeatures(names?: Array<keyof NativeFeatures>): NativeFeatures;
   layout(): NativeLayout;
-  dropReasons(): Record<string, string>;
   /** malloc_trim(0): gives glibc's free pages back to the system; true if any were. */
   releaseFreeMemory(): boolean;
 }

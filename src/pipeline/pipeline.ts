@@ -162,7 +162,7 @@ export class Pipeline {
       }
       const table = new FlowTable({
         services: opts.services,
-        dropReasons: loadBinding().dropReasons(),
+        dropReasons: tracer.dropReasons(),
         netnsName: (ino) => names.name(ino),
         closeGraceMs: opts.closeGraceMs,
         maxFlows: opts.maxFlows,

@@ -228,6 +228,11 @@ export class Tracer {
     return buf.byteLength / FLOW_STATS.size;
   }
 
+  /** This kernel's drop reasons by value (read with its BTF when the tracer opened). */
+  dropReasons(): Record<string, string> {
+    return this.n.dropReasons();
+  }
+
   /** Delivers every tracked flow's counters as they are now (like periodic records). */
   refreshCounters(): void {
     const buf = this.n.snapshotFlowState();
