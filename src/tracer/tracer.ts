@@ -100,7 +100,7 @@ export class Tracer {
       });
       native.load();
     } catch (e) {
-      throw backendLoadError(backend, fromNativeError(e));
+      throw backendLoadError(backend, fromNativeError(e), (name) => binding.probeFeatures([name])[name]);
     }
     return new Tracer(native, backend);
   }
@@ -334,7 +334,20 @@ export function otherSvctraceProcesses(): Array<{ pid: number; cmd: string }> {
  * with no NAT rule anywhere on the node the module is not loaded, and libbpf
  * only says it found no such function.
  */
-function backendLoadError(backend: BackendChoice, err: SvctraceError): SvctraceError {
+function backendLoadError(backend: BackendChoice, err: SvctraceError, kernelProbe: (name: 'kprobe' | 'fentry') => { ok: boolean; code?: string; message?: string } | undefined): SvctraceError {
+  // Before blaming nf_nat: the mechanism itself, on a function built into
+  // every kernel (a kernel without CONFIG_KPROBES, or refusing trampolines).
+  if (backend.backend !== 'netfilter' && (err.errno === 2 || err.errno === 3 || err.errno === 1 || err.errno === 95)) {
+    const p = kernelProbe(backend.backend);
+    // Missing capabilities are the process's, not the kernel's: the load error says so.
+    if (p && !p.ok && !(p.code === 'EPERM' && /lacks CAP_/.test(p.message ?? ''))) {
+      return new SvctraceError('KERNEL_UNSUPPORTED', `the ${backend.backend} backend does not work on this kernel: ${p.message ?? 'its probe failed'} (${backend.backend === 'kprobe' ? 'needs CONFIG_KPROBES=y' : 'needs BPF trampolines'}); try --backend auto`, {
+        errno: err.errno,
+        op: err.op,
+        cause: err,
+      });
+    }
+  }
   if (backend.backend !== 'netfilter' && (err.errno === 2 || err.errno === 3) && !fs.existsSync('/sys/module/nf_nat')) {
     return new SvctraceError('KERNEL_UNSUPPORTED', `the ${backend.backend} backend observes the nf_nat module, which is not loaded: this node has no NAT rules (no kube-proxy rules yet?)`, {
       errno: err.errno,

@@ -9,6 +9,7 @@ import fs from 'node:fs';
 import { spawnSync } from 'node:child_process';
 import path from 'node:path';
 import { kernelTest } from '../helpers/kernel';
+import { readKernelConfig } from '../../src/doctor/kernel-config';
 
 const CLI = path.resolve(__dirname, '..', '..', '..', 'bin', 'svctrace.js');
 
@@ -105,5 +106,19 @@ describe('CLI errors', () => {
     assertOneLineError(r, /not permitted: this root process lacks CAP_NET_ADMIN \(/);
     assert.doesNotMatch(r.stderr, /locked down/);
     assert.equal(r.status, 77);
+  });
+
+  kernelTest('--backend the kernel cannot run: one line naming the mechanism it lacks, exit 3', async (t) => {
+    // Independent of svctrace: the kernel's config says which mechanisms exist.
+    const config = readKernelConfig();
+    assert.ok(config, 'this test needs the kernel config');
+    const lacking = config.get('CONFIG_KPROBES') !== 'y' ? 'kprobe' : undefined;
+    if (!lacking) {
+      t.skip('this kernel has kprobes (CONFIG_KPROBES=y): no backend to ask for in vain');
+      return;
+    }
+    const r = svctrace(['trace', '--backend', lacking, '--service', '10.96.0.100:80', '--duration', '1']);
+    assertOneLineError(r, /^svctrace: the kprobe backend does not work on this kernel: .*needs CONFIG_KPROBES=y\); try --backend auto$/);
+    assert.equal(r.status, 3);
   });
 });
