@@ -23,6 +23,14 @@ import pb = svctrace.v1;
 const hasStatus = (e: pb.IEvent, bit: number): boolean => ((e.conntrack?.status ?? 0) & bit) !== 0;
 const S = pb.Stage;
 
+/**
+ * Events reach the flow log a batch or two after the traffic that caused them;
+ * under TCG on a busy CI machine that can be well past 100 ms. Wait for the
+ * facts a test is about to check (the assertions that follow still say what is
+ * missing if they never come).
+ */
+const eventsArrive = (ready: () => boolean): Promise<boolean> => waitFor(ready, 5000);
+
 describe('core tracer (kernel)', () => {
   let lab: Lab;
   let tracer: Pipeline;
@@ -128,8 +136,9 @@ describe('core tracer (kernel)', () => {
     let r = await lab.curl(url, 'client');
     assert.ok(r.ok, r.stderr);
     const seen = lab.served.at(-1)!;
-    await sleep(100);
-    let f = [...log.flows.values()].find((x) => x.orig.daddr === LAB_ADDR.nodeIP && x.reply.daddr === seen.client.split(':')[0] && x.reply.dport === Number(seen.client.split(':')[1]));
+    const nodePortFlow = () => [...log.flows.values()].find((x) => x.orig.daddr === LAB_ADDR.nodeIP && x.reply.daddr === seen.client.split(':')[0] && x.reply.dport === Number(seen.client.split(':')[1]));
+    await eventsArrive(() => { const x = nodePortFlow(); return x !== undefined && log.stages(x, S.STAGE_SNAT).some((e) => e.afterNat); });
+    let f = nodePortFlow();
     assert.ok(f, `no NodePort flow for ${seen.client}`);
     assert.equal(f.orig.saddr, LAB_ADDR.clientIP);
     assert.equal(f.masqueraded, true);
@@ -143,7 +152,7 @@ describe('core tracer (kernel)', () => {
     assert.ok(r.ok, r.stderr);
     const seen2 = lab.served.at(-1)!;
     assert.equal(seen2.client.split(':')[0], LAB_ADDR.clientIP, 'without MASQUERADE the pod sees the client');
-    await sleep(100);
+    await eventsArrive(() => { const x = log.flowByClientPort(Number(seen2.client.split(':')[1]), LAB_ADDR.nodeIP); return x !== undefined && log.stages(x, S.STAGE_SNAT).some((e) => e.afterNat); });
     f = log.flowByClientPort(Number(seen2.client.split(':')[1]), LAB_ADDR.nodeIP);
     assert.ok(f);
     assert.equal(f.masqueraded, false);
@@ -156,11 +165,14 @@ describe('core tracer (kernel)', () => {
     const r = await runIn(lab.nodeNetns, [process.execPath, '-e', UDP_QUERY, dns.clusterIP, '53']);
     assert.match(r.stdout, /^pod=/);
     const seen = lab.served.filter((s) => s.proto === 'udp').at(-1)!;
-    await sleep(100);
+    const pod = lab.pods.find((p) => p.name === seen.pod)!;
+    await eventsArrive(() => {
+      const x = log.flowByClientPort(Number(seen.client.split(':')[1]), dns.clusterIP);
+      return x !== undefined && log.stages(x, S.STAGE_REPLY).length > 0 && log.eventsOf(x).some((e) => e.kind === pb.EventKind.EVENT_KIND_DEV_RECV && e.device?.netns === pod.netns);
+    });
     const f = log.flowByClientPort(Number(seen.client.split(':')[1]), dns.clusterIP);
     assert.ok(f);
     assert.equal(f.proto, 17);
-    const pod = lab.pods.find((p) => p.name === seen.pod)!;
     const dnat = log.stages(f, S.STAGE_DNAT).find((e) => e.afterNat);
     assert.equal(dnat?.packet?.dst, pod.ip);
     assert.equal(dnat?.packet?.dstPort, POD_UDP_PORT);
@@ -172,8 +184,9 @@ describe('core tracer (kernel)', () => {
     const empty = lab.service('empty');
     let r = await lab.curl(`http://${empty.clusterIP}/`);
     assert.equal(r.ok, false);
-    await sleep(100);
-    const ef = [...log.flows.values()].filter((f) => f.orig.daddr === empty.clusterIP);
+    const emptyFlows = () => [...log.flows.values()].filter((f) => f.orig.daddr === empty.clusterIP);
+    await eventsArrive(() => emptyFlows().some((f) => log.eventsOf(f).some((e) => e.icmpType === 3) && log.eventsOf(f).some((e) => e.kind === pb.EventKind.EVENT_KIND_DROP)));
+    const ef = emptyFlows();
     assert.equal(ef.length, 1);
     const eEvents = log.eventsOf(ef[0]!);
     assert.ok(eEvents.some((e) => e.stage === S.STAGE_DNAT && /NOT DNATed/.test(eventSummary(e))), 'not DNATed');
@@ -188,8 +201,9 @@ describe('core tracer (kernel)', () => {
     const closed = lab.service('closed');
     r = await lab.curl(`http://${closed.clusterIP}/`);
     assert.equal(r.ok, false);
-    await sleep(100);
-    const cf = [...log.flows.values()].filter((f) => f.orig.daddr === closed.clusterIP);
+    const closedFlows = () => [...log.flows.values()].filter((f) => f.orig.daddr === closed.clusterIP);
+    await eventsArrive(() => closedFlows().some((f) => f.reset && log.eventsOf(f).some((e) => e.kind === pb.EventKind.EVENT_KIND_DROP && e.device?.netns === lab.pods[0]!.netns)));
+    const cf = closedFlows();
     assert.equal(cf.length, 1);
     assert.equal(cf[0]!.reset, true);
     const cEvents = log.eventsOf(cf[0]!);
@@ -205,8 +219,9 @@ describe('core tracer (kernel)', () => {
     const r = await lab.curl(`http://${remote.clusterIP}/`);
     assert.ok(r.ok, r.stderr);
     assert.match(r.body, /pod=rpod0/);
-    await sleep(100);
-    const f = [...log.flows.values()].find((x) => x.orig.daddr === remote.clusterIP);
+    const remoteFlow = () => [...log.flows.values()].find((x) => x.orig.daddr === remote.clusterIP);
+    await eventsArrive(() => { const x = remoteFlow(); return x !== undefined && log.eventsOf(x).some((e) => e.kind === pb.EventKind.EVENT_KIND_DEV_RECV && e.device?.netns === lab.remotePod!.netns); });
+    const f = remoteFlow();
     assert.ok(f);
     const ev = log.eventsOf(f);
     const egress = ev.find((e) => e.kind === pb.EventKind.EVENT_KIND_DEV_XMIT && e.device?.kind === 'vxlan' && e.device?.netns === lab.nodeNetns);

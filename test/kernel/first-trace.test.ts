@@ -14,6 +14,7 @@ import { parseServiceSpec } from '../../src/net/ipv4';
 import { EventKind, NfStage } from '../../src/events/layout';
 import { IPS_DST_NAT, NF_HOOK_NAMES } from '../../src/events/conntrack';
 import { SvctraceError } from '../../src/errors';
+import { waitFor } from '../helpers/flows';
 
 describe('first real trace (kernel)', () => {
   let lab: Lab | undefined;
@@ -54,7 +55,9 @@ describe('first real trace (kernel)', () => {
       assert.ok(r.ok, `curl ${i} failed: ${r.stderr}`);
       clientPorts.push(/client=[\d.]+:(\d+)/.exec(r.body)![1]!);
     }
-    await sleep(100);
+    // Records arrive a batch after the traffic: wait (bounded) for each connection's un-DNATed reply.
+    const replied = (port: number) => events.some((e) => e.kind === EventKind.NF && e.ctOrig.sport === port && NF_HOOK_NAMES[e.nfHook] === 'LOCAL_IN' && e.nfStage === NfStage.AFTER_NAT);
+    await waitFor(() => lab!.served.filter((s) => s.proto === 'tcp').length === N && clientPorts.every((p) => replied(Number(p))), 5000);
     assert.equal(lab.served.filter((s) => s.proto === 'tcp').length, N);
 
     for (const served of lab.served) {
