@@ -7,7 +7,7 @@
 import { CURRENT_NETNS, runInNetns } from '../netns/netns';
 import { parseIptablesSave } from './iptables';
 import { parseNftKubeProxy } from './nftables';
-import { parseIpvsadm, withIptablesMasquerade } from './ipvs';
+import { parseIpvsadm, withIptablesMasquerade, withIpvsNodePorts } from './ipvs';
 import { Discovery } from './model';
 
 export async function discover(netnsPath: string = CURRENT_NETNS): Promise<Discovery> {
@@ -20,8 +20,14 @@ export async function discover(netnsPath: string = CURRENT_NETNS): Promise<Disco
   // an iptables rule (KUBE-POSTROUTING), read from there.
   const ipvs = await runInNetns(netnsPath, ['ipvsadm', '-Ln']);
   if (ipvs.code === 0) {
-    const d = parseIpvsadm(ipvs.stdout);
-    if (d.services.length) return ipt.code === 0 ? withIptablesMasquerade(d, ipt.stdout) : d;
+    let d = parseIpvsadm(ipvs.stdout);
+    if (d.services.length) {
+      // Which virtual services are NodePorts, and their traffic policy, are in kube-proxy's ipsets.
+      const sets = await runInNetns(netnsPath, ['ipset', 'save']);
+      if (sets.code === 0) d = withIpvsNodePorts(d, sets.stdout);
+      else d = { ...d, warnings: [...d.warnings, `ipset save: ${sets.stderr.trim() || `exit ${sets.code}`} (NodePorts' traffic policy unknown)`] };
+      return ipt.code === 0 ? withIptablesMasquerade(d, ipt.stdout) : d;
+    }
   }
   if (nft.code === 0) {
     const d = parseNftKubeProxy(nft.stdout);

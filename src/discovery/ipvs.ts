@@ -80,3 +80,31 @@ export function withIptablesMasquerade(d: Discovery, iptablesSave: string): Disc
     services: d.services.map((s) => (unless ? { ...s, masqueradeUnless: unless } : s)),
   };
 }
+
+/**
+ * Which virtual services are NodePorts, and which of those keep
+ * externalTrafficPolicy: Local, from kube-proxy's ipsets (`ipset save`):
+ * KUBE-NODE-PORT-{TCP,UDP} hold every NodePort (their traffic is marked for
+ * masquerade), KUBE-NODE-PORT-LOCAL-{TCP,UDP} the Local ones (exempt from
+ * the mark). A Local NodePort's virtual service has only this node's
+ * endpoints as real servers: none means IPVS refuses what arrives here.
+ */
+export function withIpvsNodePorts(d: Discovery, ipsetSave: string): Discovery {
+  const members = new Map<string, Set<string>>();
+  for (const line of ipsetSave.split('\n')) {
+    const m = /^add (\S+) (\S+)/.exec(line);
+    if (m) (members.get(m[1]!) ?? members.set(m[1]!, new Set()).get(m[1]!)!).add(m[2]!);
+  }
+  const has = (set: string, member: string) => members.get(set)?.has(member) ?? false;
+  return {
+    ...d,
+    services: d.services.map((s) => {
+      const suffix = s.proto.toUpperCase();
+      const port = String(s.port);
+      // A ClusterIP virtual service whose port happens to equal a NodePort is not one.
+      if (!has(`KUBE-NODE-PORT-${suffix}`, port) || has('KUBE-CLUSTER-IP', `${s.clusterIP},${s.proto}:${port}`)) return s;
+      const local = has(`KUBE-NODE-PORT-LOCAL-${suffix}`, port);
+      return { ...s, nodePorts: [s.port], nodePortMasquerade: !local, ...(local && s.endpoints.length === 0 ? { noLocalEndpoints: true } : {}) };
+    }),
+  };
+}

@@ -186,7 +186,8 @@ export function diagnoseRules(svc: DiscoveredService | undefined, target: string
     }];
   }
   const out: Diagnosis[] = [];
-  if (svc.rejects || svc.endpoints.length === 0) {
+  // A Local NodePort without a local endpoint has no real server here by design: NO_LOCAL_ENDPOINTS says so.
+  if ((svc.rejects || svc.endpoints.length === 0) && !svc.noLocalEndpoints) {
     out.push({
       code: 'NO_ENDPOINTS', layer: 'rules', object: `service ${svc.name}`,
       severity: 'error',
@@ -224,8 +225,12 @@ export function diagnoseRules(svc: DiscoveredService | undefined, target: string
       layer: 'rules',
       object: `service ${svc.name}`,
       severity: 'error',
-      summary: `NodePort ${svc.nodePorts.join(',')} has externalTrafficPolicy: Local and no endpoint on this node: kube-proxy drops NodePort traffic that arrives here (a load balancer must not send it here: its health check on healthCheckNodePort says so)`,
-      evidence: [`"${svc.name} has no local endpoints" DROP for NodePort ${svc.nodePorts.join(',')} (KUBE-EXTERNAL-SERVICES)`],
+      summary: `NodePort ${svc.nodePorts.join(',')} has externalTrafficPolicy: Local and no endpoint on this node: ${svc.source === 'ipvs' ? 'IPVS has no real server for it here and refuses NodePort connections that arrive here (ICMP port unreachable)' : 'kube-proxy drops NodePort traffic that arrives here'} (a load balancer must not send it here: its health check on healthCheckNodePort says so)`,
+      evidence: [
+        svc.source === 'ipvs'
+          ? `IPVS virtual service ${svc.clusterIP}:${svc.port} has no real server; port ${svc.port} is in KUBE-NODE-PORT-LOCAL-${svc.proto.toUpperCase()} (externalTrafficPolicy=local)`
+          : `"${svc.name} has no local endpoints" DROP for NodePort ${svc.nodePorts.join(',')} (KUBE-EXTERNAL-SERVICES)`,
+      ],
     });
   }
   if ((svc.masqueradeUnless || svc.nodePortMasquerade) && !masqueradeRule) {
@@ -412,7 +417,23 @@ export function diagnoseTraffic(svc: DiscoveredService, t: ObservedTraffic, view
   // it in the filter table (NO_ENDPOINTS says so). Only a Service whose rules
   // should DNAT and did not is missing rules.
   if (t.notDnated > 0 && !(svc.rejects || svc.endpoints.length === 0)) {
-    out.push({ code: 'RULES_MISSING', layer: 'rules', object: `service ${svc.name}`, severity: 'error', summary: `${t.notDnated} of ${t.flows} connections to ${svc.clusterIP}:${svc.port} were not DNATed`, evidence: ['after-DNAT hook saw the ClusterIP still as destination'] });
+    // IPVS rewrites a connection's conntrack entry only as it sends the
+    // packet to the real server (ip_vs_nat_xmit): one it cannot route there
+    // is dropped first and looks un-DNATed, though the virtual service is
+    // in place. The real servers the node has no route to say why.
+    const unroutable = svc.source === 'ipvs' ? svc.endpoints.filter((e) => view.routeOf(e.ip)?.ok === false) : [];
+    for (const e of unroutable) {
+      const error = view.routeOf(e.ip)!.error;
+      out.push({
+        code: 'NO_ROUTE',
+        object: `backend ${e.ip}:${e.port}`,
+        severity: 'error',
+        layer: 'routing',
+        summary: `${t.notDnated} of ${t.flows} connections to ${svc.clusterIP}:${svc.port} left no trace of IPVS's DNAT: this node has no usable route to the real server ${e.ip}:${e.port} (${error}), and IPVS drops a connection it cannot route before it rewrites conntrack`,
+        evidence: [`ip route get ${e.ip}: ${error}`, `IPVS virtual service ${svc.clusterIP}:${svc.port} has real server ${e.ip}:${e.port}`, `${t.notDnated} flows with the ClusterIP still as destination after the NAT hooks`],
+      });
+    }
+    if (!unroutable.length) out.push({ code: 'RULES_MISSING', layer: 'rules', object: `service ${svc.name}`, severity: 'error', summary: `${t.notDnated} of ${t.flows} connections to ${svc.clusterIP}:${svc.port} were not DNATed`, evidence: ['after-DNAT hook saw the ClusterIP still as destination'] });
   }
   for (const b of t.backends) {
     const [ip, portText] = b.backend.split(':') as [string, string];
@@ -501,6 +522,10 @@ export function diagnoseTraffic(svc: DiscoveredService, t: ObservedTraffic, view
         summary: `${failed} got no reply: ${rejected ? 'a firewall rejected them' : 'the kernel dropped their packets'} (${said})${rules.length ? `, by ${rules.join('; ')}` : ''}`,
         evidence,
       });
+    } else if (holderOf(ip) === null) {
+      // The address is on this node's pod subnet and no namespace here has
+      // it: nothing can answer, whatever path replies would take.
+      out.push(noAnswer(svc, b.backend, ip, null, false, [`${unanswered} flows without SEEN_REPLY, none dropped on this node's traced path`]));
     } else {
       const holder = holderOf(ip);
       out.push({

@@ -20,7 +20,7 @@ import { kernelTest, IS_ROOT, netfilterLinks } from '../helpers/kernel';
 import { TIME_SCALE, waitFor } from '../helpers/flows';
 import { Lab } from '../../src/lab/lab';
 import { readKernelConfig } from '../../src/doctor/kernel-config';
-import { Expected, Fault, FAULTS, FaultTool, HEALTHY, NOT_COVERED } from '../../src/lab/faults';
+import { Expected, Fault, FAULTS, FaultTool, HEALTHY, NOT_COVERED, targetOf } from '../../src/lab/faults';
 import { explain } from '../../src/explain/explain';
 
 const CLI = path.resolve(__dirname, '..', '..', '..', 'bin', 'svctrace.js');
@@ -80,7 +80,7 @@ after(() => {
     'Diagnoses per fault (✓ right, ✗ missing or wrong), explain --probe | explain --watch | trace:',
     `${'mode'.padEnd(10)}${'fault'.padEnd(w)}${TOOLS.map((t) => t.padEnd(cellW)).join('')}`,
     ...matrix.map((r) => `${r.mode.padEnd(10)}${r.fault.id.padEnd(w)}${TOOLS.map((t) => `${r.cells[t].ok ? '✓' : '✗'} ${r.cells[t].text}`.slice(0, cellW - 1).padEnd(cellW)).join('')}`),
-    'Not injected yet:',
+    'Not injected:',
     ...NOT_COVERED.map((n) => `  ${n.fault}: ${n.why}`),
   ];
   console.log(lines.join('\n'));
@@ -112,17 +112,18 @@ for (const mode of MODES) {
           t.skip(unavailable);
           return;
         }
+        const target = targetOf(fault, mode);
         const vars = await fault.inject(lab);
         const expected = fault.expect(vars, mode);
         const said: Partial<Record<FaultTool, Said[]>> = {};
         let observed = '';
         try {
-          said.probe = (await explain({ target: fault.target, netns: lab.nodeNetns, probe: true })).flatMap((e) => e.diagnoses);
+          said.probe = (await explain({ target, netns: lab.nodeNetns, probe: true })).flatMap((e) => e.diagnoses);
           const linksBefore = netfilterLinks().length;
           // Under an emulated CPU (the VM matrix) the traffic takes longer: so do the windows.
-          const trace = traceCli(lab.nodeNetns, fault.target, 10 * TIME_SCALE);
+          const trace = traceCli(lab.nodeNetns, target, 10 * TIME_SCALE);
           assert.ok(await trace.started, 'trace started');
-          const watch = explain({ target: fault.target, netns: lab.nodeNetns, watchSeconds: 8 * TIME_SCALE });
+          const watch = explain({ target, netns: lab.nodeNetns, watchSeconds: 8 * TIME_SCALE });
           // Both tracers attached (eight netfilter links each; explain watches nothing when the rules lack the Service).
           const watching = fault.id !== 'rules-missing';
           assert.ok(await waitFor(() => netfilterLinks().length >= linksBefore + (watching ? 16 : 8), 15_000), 'the tracers attached before the traffic');

@@ -11,7 +11,7 @@ import fs from 'node:fs';
 import { parseIptablesSave, splitRule } from '../../src/discovery/iptables';
 import { parseNftKubeProxy } from '../../src/discovery/nftables';
 import { findByName, findByAddress, findByAnyAddress, tracedAddressesOf } from '../../src/discovery/model';
-import { parseIpvsadm, withIptablesMasquerade } from '../../src/discovery/ipvs';
+import { parseIpvsadm, withIptablesMasquerade, withIpvsNodePorts } from '../../src/discovery/ipvs';
 import { renderIpvs } from '../../src/lab/kube-ipvs';
 import { formatExplanation } from '../../src/explain/explain';
 import { BackendState, BackendView, Diagnosis, diagnoseBackends, diagnoseRules, diagnoseTraffic } from '../../src/explain/diagnose';
@@ -126,6 +126,8 @@ describe('iptables-save discovery', () => {
     // Reply packets dropped on their way back (not by a firewall): the reply path, citing where.
     const lost = diagnoseTraffic(web, traffic({ droppedBy: new Map([['NOT_SPECIFIED', 4]]), replyDroppedAt: new Map([['NOT_SPECIFIED at other0 in pod1-ns', 4]]) }), view({}));
     assert.deepEqual(one(lost), ['REPLY_PATH_BROKEN backend 10.244.1.11:8080']);
+    // No drop seen, and no namespace on this node has the address of a local pod subnet: gone, not a reply path.
+    assert.deepEqual(one(diagnoseTraffic(web, traffic({}), view({ holderOf: () => null }))), ['GHOST_BACKEND backend 10.244.1.11:8080']);
   });
 
   it('the probe: a reset is nothing listening, an ICMP refusal a firewall, a timeout with replies routed away the reply path', () => {
@@ -263,5 +265,50 @@ TCP  10.96.0.102:80 rr
     const dns = findByAddress(d, '10.96.0.10', 53, 'udp')!;
     assert.equal(dns.affinitySeconds, 10800);
     assert.equal(dns.endpoints[0]!.probability, 1);
+  });
+
+  it('NodePorts and their traffic policy from kube-proxy\'s ipsets: a Local NodePort without a real server here is NO_LOCAL_ENDPOINTS, not NO_ENDPOINTS', () => {
+    const svc = (externalTrafficPolicy: 'Cluster' | 'Local') => ({
+      namespace: 'default', name: 'remote', portName: 'http', clusterIP: '10.96.0.50', port: 80, proto: 'tcp' as const, nodePort: 30050, externalTrafficPolicy,
+      endpoints: [{ ip: '10.244.2.10', port: 8080, remote: true }],
+    });
+    const ipvsadm = `TCP  10.96.0.50:80 rr
+  -> 10.244.2.10:8080             Masq    1      0          0
+TCP  10.250.0.1:30050 rr
+  -> 10.244.2.10:8080             Masq    1      0          0
+`;
+    // Cluster: the NodePort has the remote pod and is masqueraded.
+    const cluster = withIpvsNodePorts(parseIpvsadm(ipvsadm), renderIpvs([svc('Cluster')], { clusterCIDR: '10.244.0.0/16', nodeIPs: ['10.250.0.1'] }).ipset);
+    const np = findByAddress(cluster, '10.250.0.1', 30050, 'tcp')!;
+    assert.deepEqual([np.nodePorts, np.nodePortMasquerade, np.noLocalEndpoints], [[30050], true, undefined]);
+    assert.deepEqual(findByAddress(cluster, '10.96.0.50', 80, 'tcp')!.nodePorts, [], 'a ClusterIP virtual service is not a NodePort');
+    // Local, its only pod on another node: no real server here.
+    const localText = ipvsadm.split('\n').filter((l, i) => i !== 3).join('\n');
+    const local = withIpvsNodePorts(parseIpvsadm(localText), renderIpvs([svc('Local')], { clusterCIDR: '10.244.0.0/16', nodeIPs: ['10.250.0.1'] }).ipset);
+    const lnp = findByAddress(local, '10.250.0.1', 30050, 'tcp')!;
+    assert.deepEqual([lnp.nodePortMasquerade, lnp.noLocalEndpoints], [false, true]);
+    const codes = diagnoseRules(lnp, '10.250.0.1:30050', true).filter((x) => x.severity === 'error');
+    assert.deepEqual(codes.map((x) => `${x.code} ${x.object}`), ['NO_LOCAL_ENDPOINTS service 10.250.0.1:30050']);
+    assert.match(codes[0]!.summary, /IPVS has no real server for it here and refuses/);
+  });
+
+  it('connections IPVS could not route to a real server look un-DNATed: NO_ROUTE for that server, not RULES_MISSING', () => {
+    const web = findByAddress(parseIpvsadm(`TCP  10.96.0.100:80 rr
+  -> 10.244.1.10:8080             Masq    1      0          0
+  -> 10.244.1.11:8080             Masq    1      0          0
+`), '10.96.0.100', 80, 'tcp')!;
+    const traffic = { seconds: 5, flows: 6, notDnated: 3, masqueraded: 0, backends: [] };
+    const view = (blackholed: string | undefined): BackendView => ({
+      holderOf: () => undefined,
+      routeOf: (ip) => (ip === blackholed ? { ok: false, error: 'blackhole' } : { ok: true, dev: 'cni0' }),
+      replyPathOf: () => undefined,
+      tunnelOf: () => undefined,
+    });
+    const errors = (ds: Diagnosis[]) => ds.filter((x) => x.severity === 'error').map((x) => `${x.code} ${x.object}`);
+    const said = diagnoseTraffic(web, traffic, view('10.244.1.11'));
+    assert.deepEqual(errors(said), ['NO_ROUTE backend 10.244.1.11:8080']);
+    assert.match(said[0]!.summary, /3 of 6 connections .* no usable route to the real server 10\.244\.1\.11:8080 \(blackhole\)/);
+    // Every real server routable: the un-DNATed connections stay unexplained by routing.
+    assert.deepEqual(errors(diagnoseTraffic(web, traffic, view(undefined))), ['RULES_MISSING service 10.96.0.100:80']);
   });
 });

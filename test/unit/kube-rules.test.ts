@@ -50,4 +50,16 @@ describe('kube-proxy IPVS mode rendering', () => {
     assert.match(r.iptables, /MASQUERADE --random-fully/);
     assert.doesNotMatch(renderIpvs([web], { clusterCIDR: '10.244.0.0/16', nodeIPs: [], masquerade: false }).iptables, /MASQUERADE/);
   });
+  it('externalTrafficPolicy: Local: the NodePort\'s real servers are the local endpoints, its port in KUBE-NODE-PORT-LOCAL-TCP and exempt from the mark', () => {
+    const local: KubeService = { ...web, externalTrafficPolicy: 'Local', endpoints: [{ ip: '10.244.1.10', port: 8080 }, { ip: '10.244.2.10', port: 8080, remote: true }] };
+    const l = renderIpvs([local], { clusterCIDR: '10.244.0.0/16', nodeIPs: ['10.250.0.1'] });
+    const lines = l.ipvsadm.trim().split('\n');
+    assert.deepEqual(lines.filter((x) => x.startsWith('-a -t 10.250.0.1:30080 ')), ['-a -t 10.250.0.1:30080 -r 10.244.1.10:8080 -m -w 1']);
+    assert.equal(lines.filter((x) => x.startsWith('-a -t 10.96.0.100:80 ')).length, 2, 'the ClusterIP keeps every endpoint');
+    assert.match(l.ipset, /^add KUBE-NODE-PORT-LOCAL-TCP 30080$/m);
+    const nat = l.iptables.split('\n');
+    const ret = nat.findIndex((x) => /--match-set KUBE-NODE-PORT-LOCAL-TCP dst -j RETURN/.test(x));
+    assert.ok(ret >= 0 && ret < nat.findIndex((x) => /--match-set KUBE-NODE-PORT-TCP dst -j KUBE-MARK-MASQ/.test(x)));
+    assert.doesNotMatch(r.ipset, /^add KUBE-NODE-PORT-LOCAL/m);
+  });
 });
