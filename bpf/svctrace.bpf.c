@@ -926,6 +926,20 @@ static __always_inline bool freed_by_closed_socket(struct sk_buff *skb)
 	return sk && BPF_CORE_READ(sk, __sk_common.skc_state) == 7 /* TCP_CLOSE */;
 }
 
+/* The drop reasons the benign rule names, as a local flavor of the
+ * kernel's enum: CO-RE matches them by name without the ___svt suffix, so
+ * the object builds from a vmlinux.h that lacks some (SOCKET_CLOSE came
+ * after 6.12) and asks the running kernel which it has. */
+enum skb_drop_reason___svt {
+	SKB_DROP_REASON_NOT_SPECIFIED___svt,
+	SKB_DROP_REASON_QUEUE_PURGE___svt,
+	SKB_DROP_REASON_SOCKET_CLOSE___svt,
+	SKB_DROP_REASON_TCP_CLOSE___svt,
+};
+
+#define SVT_HAS_REASON(r) bpf_core_enum_value_exists(enum skb_drop_reason___svt, SKB_DROP_REASON_##r##___svt)
+#define SVT_REASON(r) bpf_core_enum_value(enum skb_drop_reason___svt, SKB_DROP_REASON_##r##___svt)
+
 static __always_inline bool is_benign_free(struct sk_buff *skb, enum skb_drop_reason reason, const bool has_reason)
 {
 	/* Before those reasons existed (6.1: they came with 6.4-6.8; 5.10 has
@@ -936,16 +950,11 @@ static __always_inline bool is_benign_free(struct sk_buff *skb, enum skb_drop_re
 	 * not exist there: CO-RE would poison the load). */
 	if (!has_reason)
 		return freed_by_closed_socket(skb);
-	if (!bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_SOCKET_CLOSE) &&
-	    reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_NOT_SPECIFIED) &&
-	    freed_by_closed_socket(skb))
+	if (!SVT_HAS_REASON(SOCKET_CLOSE) && reason == SVT_REASON(NOT_SPECIFIED) && freed_by_closed_socket(skb))
 		return true;
-	return (bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_QUEUE_PURGE) &&
-		reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_QUEUE_PURGE)) ||
-	       (bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_SOCKET_CLOSE) &&
-		reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_SOCKET_CLOSE)) ||
-	       (bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_TCP_CLOSE) &&
-		reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_TCP_CLOSE));
+	return (SVT_HAS_REASON(QUEUE_PURGE) && reason == SVT_REASON(QUEUE_PURGE)) ||
+	       (SVT_HAS_REASON(SOCKET_CLOSE) && reason == SVT_REASON(SOCKET_CLOSE)) ||
+	       (SVT_HAS_REASON(TCP_CLOSE) && reason == SVT_REASON(TCP_CLOSE));
 }
 
 /* The namespace's conntrack entry of the packet (ours or a pod's own) is a
@@ -995,7 +1004,7 @@ static __always_inline int observe_drop(struct sk_buff *skb, __u32 reason, const
 	 * again, our last ACK having been late): TCP answers it and frees it as
 	 * NOT_SPECIFIED (tcp_v4_rcv: do_time_wait -> discard_it). The end of a
 	 * healthy connection, not a drop. */
-	if (!targ_all_packets && (!has_reason || reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_NOT_SPECIFIED)) &&
+	if (!targ_all_packets && (!has_reason || reason == SVT_REASON(NOT_SPECIFIED)) &&
 	    in_time_wait(ct_of_skb(skb)))
 		return 0;
 	svc_id = svc ? *svc : ref->service_id;

@@ -1,14 +1,17 @@
 # Rules that turn bpf/<name>.bpf.c into a libbpf skeleton header:
-#   /sys/kernel/btf/vmlinux --bpftool--> vmlinux.h
+#   bpf/vmlinux/<arch>/vmlinux.h (committed) --copy--> vmlinux.h
 #   <name>.bpf.c --clang -target bpf--> <name>.bpf.o --bpftool gen skeleton--> <name>.skel.h
-# vmlinux.h is generated at build time from the build machine's kernel BTF
-# (CO-RE relocates field offsets at load time, so the object still runs on
-# other kernels with BTF). Outputs live in the build tree, never in bpf/.
+# vmlinux.h is the one committed for the architecture, dumped from a pinned
+# kernel's BTF (scripts/gen-vmlinux-h.sh says which, and why CO-RE makes that
+# safe): the BPF objects come out the same whatever kernel the build machine
+# runs. -DSVT_VMLINUX_BTF=/sys/kernel/btf/vmlinux generates it from a BTF
+# file instead (what an architecture without a committed header does).
+# Outputs live in the build tree, never in bpf/.
 
 find_program(SVT_CLANG NAMES clang REQUIRED)
 find_program(SVT_BPFTOOL NAMES bpftool PATHS /usr/sbin /usr/local/sbin REQUIRED)
 
-set(SVT_BTF_SOURCE "/sys/kernel/btf/vmlinux" CACHE FILEPATH "Kernel BTF used to generate vmlinux.h")
+set(SVT_VMLINUX_BTF "" CACHE FILEPATH "Generate vmlinux.h from this kernel BTF instead of the committed bpf/vmlinux/<arch>/vmlinux.h")
 set(SVT_BPF_OUT "${CMAKE_BINARY_DIR}/bpf")
 file(MAKE_DIRECTORY "${SVT_BPF_OUT}")
 
@@ -20,16 +23,28 @@ else()
   message(FATAL_ERROR "svctrace: unsupported architecture ${CMAKE_SYSTEM_PROCESSOR}")
 endif()
 
-if(NOT EXISTS "${SVT_BTF_SOURCE}")
-  message(FATAL_ERROR "svctrace: ${SVT_BTF_SOURCE} not found: the kernel must be built with CONFIG_DEBUG_INFO_BTF=y")
+set(SVT_COMMITTED_VMLINUX "${CMAKE_SOURCE_DIR}/bpf/vmlinux/${SVT_BPF_ARCH}/vmlinux.h")
+if(NOT SVT_VMLINUX_BTF AND EXISTS "${SVT_COMMITTED_VMLINUX}")
+  add_custom_command(
+    OUTPUT "${SVT_BPF_OUT}/vmlinux.h"
+    COMMAND ${CMAKE_COMMAND} -E copy "${SVT_COMMITTED_VMLINUX}" "${SVT_BPF_OUT}/vmlinux.h"
+    DEPENDS "${SVT_COMMITTED_VMLINUX}"
+    COMMENT "vmlinux.h: bpf/vmlinux/${SVT_BPF_ARCH}/vmlinux.h (a pinned kernel's BTF)"
+    VERBATIM)
+else()
+  if(NOT SVT_VMLINUX_BTF)
+    set(SVT_VMLINUX_BTF "/sys/kernel/btf/vmlinux")
+  endif()
+  if(NOT EXISTS "${SVT_VMLINUX_BTF}")
+    message(FATAL_ERROR "svctrace: ${SVT_VMLINUX_BTF} not found: the kernel must be built with CONFIG_DEBUG_INFO_BTF=y")
+  endif()
+  add_custom_command(
+    OUTPUT "${SVT_BPF_OUT}/vmlinux.h"
+    COMMAND "${SVT_BPFTOOL}" btf dump file "${SVT_VMLINUX_BTF}" format c > "${SVT_BPF_OUT}/vmlinux.h.tmp"
+    COMMAND ${CMAKE_COMMAND} -E rename "${SVT_BPF_OUT}/vmlinux.h.tmp" "${SVT_BPF_OUT}/vmlinux.h"
+    COMMENT "Generating vmlinux.h from ${SVT_VMLINUX_BTF}"
+    VERBATIM)
 endif()
-
-add_custom_command(
-  OUTPUT "${SVT_BPF_OUT}/vmlinux.h"
-  COMMAND "${SVT_BPFTOOL}" btf dump file "${SVT_BTF_SOURCE}" format c > "${SVT_BPF_OUT}/vmlinux.h.tmp"
-  COMMAND ${CMAKE_COMMAND} -E rename "${SVT_BPF_OUT}/vmlinux.h.tmp" "${SVT_BPF_OUT}/vmlinux.h"
-  COMMENT "Generating vmlinux.h from ${SVT_BTF_SOURCE}"
-  VERBATIM)
 
 # svt_bpf_skeleton(<name> <source.bpf.c> [extra headers...])
 # Defines target <name>_skel (INTERFACE) carrying the skeleton's include dir.
