@@ -10,6 +10,7 @@ import { registerTrace } from './commands/trace';
 import { registerDemo } from './commands/demo';
 import { registerLab } from './commands/lab';
 import { registerServe } from './commands/serve';
+import { registerRelay } from './commands/relay';
 import { registerWatch } from './commands/watch';
 import { registerEvidence } from './commands/evidence';
 import { registerExplain } from './commands/explain';
@@ -30,6 +31,7 @@ export function buildProgram(): Command {
   registerDemo(program);
   registerLab(program);
   registerServe(program);
+  registerRelay(program);
   registerWatch(program);
   registerEvidence(program);
   registerExplain(program);

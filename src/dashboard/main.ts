@@ -18,6 +18,7 @@ let client: SvctraceClient | null = null;
 let paused = false;
 let selected: string | null = null;
 let filterText = '';
+let nodeFilter = '';
 let chart: uPlot | null = null;
 let chartService = '';
 let chartSeriesKey = '';
@@ -84,8 +85,9 @@ async function connect(): Promise<void> {
 }
 
 function flowMatches(f: FlowView): boolean {
+  if (nodeFilter && f.node !== nodeFilter) return false;
   if (!filterText) return true;
-  const hay = `${f.service} ${f.client} ${f.backend} ${f.backendNetns} ${f.seenByBackend} ${f.state} ${f.drops.join(' ')}`.toLowerCase();
+  const hay = `${f.node} ${f.service} ${f.client} ${f.backend} ${f.backendNetns} ${f.seenByBackend} ${f.state} ${f.drops.join(' ')}`.toLowerCase();
   return filterText
     .toLowerCase()
     .split(/\s+/)
@@ -98,7 +100,7 @@ function renderFlows(): void {
   $('flows-body').innerHTML = rows
     .map(
       (f) => `<tr data-flow="${esc(f.key)}" data-testid="flow-row" class="${f.key === selected ? 'sel' : ''} ${f.drops.length || f.reset ? 'bad' : ''}">
-<td>${esc(f.id)}</td><td>${esc(f.service)}</td><td>${esc(f.client)}</td><td title="what the pod sees">${esc(f.seenByBackend)}</td>
+<td>${esc(f.id)}</td><td data-testid="flow-node">${esc(f.node)}</td><td>${esc(f.service)}</td><td>${esc(f.client)}</td><td title="what the pod sees">${esc(f.seenByBackend)}</td>
 <td data-testid="flow-backend">${esc(f.backend || '—')}</td><td>${esc(f.backendNetns)}</td><td>${esc(f.closed ? 'closed' : f.state)}${f.reset ? ' RST' : ''}${f.drops.length ? ` drop:${esc(f.drops.join(','))}` : ''}</td>
 <td>${(Number(f.lastTsNs - f.firstTsNs) / 1e6).toFixed(1)} ms</td><td>${f.packets[0]}/${f.bytes[0]}</td><td>${f.packets[1]}/${f.bytes[1]}</td></tr>`,
     )
@@ -186,6 +188,15 @@ function renderHealth(): void {
   $('node').textContent = store.hello
     ? `${store.hello.node} · svctrace ${store.hello.serverVersion}${store.hello.attachBackend ? ` (${store.hello.attachBackend.split(':')[0]})` : ''} · ${store.hello.services?.join(', ')}`
     : '';
+  // The nodes (a relay's node servers, with their state), and the node filter's choices.
+  const nodes = store.nodes();
+  $('nodes').innerHTML = nodes.length > 1 ? nodes.map((n) => `<span class="node ${n.state === 'connected' ? 'ok' : 'warn'}" data-testid="node-state" data-node="${esc(n.node)}" title="${esc(n.url)}${n.error ? `: ${esc(n.error)}` : ''}">${esc(n.node || n.url)} ${esc(n.state)}</span>`).join(' ') : '';
+  const sel = $<HTMLSelectElement>('node-filter');
+  const names = nodes.map((n) => n.node ?? '').filter(Boolean);
+  if (sel.options.length !== names.length + 1) {
+    sel.innerHTML = '<option value="">all nodes</option>' + names.map((n) => `<option>${esc(n)}</option>`).join('');
+    sel.value = nodeFilter;
+  }
   $('h-rate').textContent = s ? Number(s.eventsPerSecond ?? 0).toFixed(0) : '—';
   $('h-received').textContent = String(store.eventsReceived);
   $('h-lost').textContent = s ? String(s.kernelLost ?? 0) : '—';
@@ -193,7 +204,7 @@ function renderHealth(): void {
   const drops = Object.entries(s?.dropsByReason ?? {});
   $('h-drops').textContent = drops.length ? drops.map(([r, n]) => `${r}=${String(n)}`).join(' ') : 'none';
   $('diagnoses').innerHTML = store.diagnoses
-    .map((d) => `<li class="diag ${esc(d.severity)}" data-testid="diagnosis" data-code="${esc(d.code)}"><b>${esc(d.code)}</b>${d.layer ? ` <i>(${esc(d.layer)})</i>` : ''} ${esc(d.service)}${d.object ? ` <span class="object">${esc(d.object)}</span>` : ''}: ${esc(d.summary)}</li>`)
+    .map((d) => `<li class="diag ${esc(d.severity)}" data-testid="diagnosis" data-code="${esc(d.code)}">${d.node ? `[${esc(d.node)}] ` : ''}<b>${esc(d.code)}</b>${d.layer ? ` <i>(${esc(d.layer)})</i>` : ''} ${esc(d.service)}${d.object ? ` <span class="object">${esc(d.object)}</span>` : ''}: ${esc(d.summary)}</li>`)
     .join('');
 }
 
@@ -215,6 +226,10 @@ function init(): void {
       selected = row.dataset.flow;
       store.dirty = true;
     }
+  });
+  $<HTMLSelectElement>('node-filter').addEventListener('change', (ev) => {
+    nodeFilter = (ev.target as HTMLSelectElement).value;
+    store.dirty = true;
   });
   $<HTMLInputElement>('filter').addEventListener('input', (ev) => {
     filterText = (ev.target as HTMLInputElement).value;

@@ -16,6 +16,8 @@ export interface FlowView {
   key: string;
   /** The server's flow id, as shown. */
   id: string;
+  /** The node that traced it (a relay merges several; ids are per node). */
+  node: string;
   service: string;
   client: string;
   backend: string;
@@ -74,16 +76,29 @@ export class Store {
     this.dirty = true;
   }
 
-  private key(flowId: unknown): string {
-    return `${this.instance}/${String(flowId ?? 0)}`;
+  /** Flow ids are unique per node server run: a relay's events and flows say which node. */
+  private key(flowId: unknown, node: string | null | undefined): string {
+    return `${this.instance}/${node ?? ''}/${String(flowId ?? 0)}`;
   }
 
-  private flow(key: string, id: string, e?: pb.IEvent): FlowView {
+  /** The node of an event or flow: its own (from a relay), else the server's. */
+  private nodeOf(x: { node?: string | null }): string {
+    return x.node || this.hello?.node || '';
+  }
+
+  /** The nodes as the server last said (a relay: each node server's state; a node server: itself). */
+  nodes(): pb.INodeState[] {
+    const listed = this.status?.nodes?.length ? this.status.nodes : (this.hello?.nodes ?? []);
+    return listed.length ? listed : this.hello?.node ? [{ node: this.hello.node, state: this.connected ? 'connected' : 'down' }] : [];
+  }
+
+  private flow(key: string, id: string, node: string, e?: pb.IEvent): FlowView {
     let f = this.flows.get(key);
     if (!f) {
       if (this.flows.size >= MAX_FLOWS) this.evict();
       f = {
         id,
+        node,
         service: e?.service ?? '',
         client: '',
         backend: '',
@@ -132,7 +147,8 @@ export class Store {
   addEvents(events: pb.IEvent[], nowMs = Date.now()): void {
     this.eventsReceived += events.length;
     for (const e of events) {
-      const f = this.flow(this.key(e.flowId), String(e.flowId ?? 0), e);
+      const node = this.nodeOf(e);
+      const f = this.flow(this.key(e.flowId, node), String(e.flowId ?? 0), node, e);
       if (f.events.length < MAX_EVENTS_PER_FLOW) f.events.push(e);
       const t = ts(e.tsNs);
       // One clock (wall-clock ns from the server); a flow first known from a
@@ -159,7 +175,8 @@ export class Store {
 
   addFlows(flows: pb.IFlow[]): void {
     for (const u of flows) {
-      const f = this.flow(this.key(u.id), String(u.id ?? 0));
+      const node = this.nodeOf(u);
+      const f = this.flow(this.key(u.id, node), String(u.id ?? 0), node);
       f.service = u.service || f.service;
       f.client = u.client || f.client;
       f.backend = u.backend || f.backend;

@@ -8,6 +8,7 @@ export function stageName(s: number | null | undefined): string {
   return (pb.Stage[s ?? 0] ?? 'STAGE_UNSPECIFIED').replace('STAGE_', '').toLowerCase();
 }
 
+/** Events from a relay name their node (flow ids are per node): `[node-a flow 7]`. */
 export function eventLine(e: pb.IEvent): string {
-  return `[flow ${String(e.flowId ?? 0)}] ${stageName(e.stage).padEnd(6)} ${eventSummary(e)}`;
+  return `[${e.node ? `${e.node} ` : ''}flow ${String(e.flowId ?? 0)}] ${stageName(e.stage).padEnd(6)} ${eventSummary(e)}`;
 }

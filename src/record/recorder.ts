@@ -20,6 +20,7 @@ import { runDoctor } from '../doctor/doctor';
 import { VERSION } from '../version';
 import { ChunkType, ChunkWriter } from './format';
 import { takeSnapshot } from './snapshot';
+import { nodeName } from '../node-name';
 
 import pb = svctrace.v1;
 
@@ -89,7 +90,7 @@ export async function record(opts: RecordOptions): Promise<pb.IRecordingTrailer>
         pb.RecordingHeader.encode({
           toolVersion: VERSION,
           protocolVersion: pb.ProtocolVersion.PROTOCOL_VERSION_1,
-          node: os.hostname(),
+          node: nodeName(),
           kernel: os.release(),
           startedAt: new Date().toISOString(),
           startedMonoNs: mono(),

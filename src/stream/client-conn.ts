@@ -25,6 +25,8 @@ export class ClientConn {
   readonly id: number;
   readonly remote: string;
   private filter: EventPredicate = () => true;
+  /** The filter as the client sent it (null: everything); a relay forwards it to the node servers. */
+  subscribed: pb.IFilter | null = null;
   wantsFlows = false;
   paused = false;
   sent = 0;
@@ -42,7 +44,12 @@ export class ClientConn {
     private readonly ws: WebSocket,
     remote: string,
     private readonly limits: StreamLimits,
-    private readonly onClose: (c: ClientConn) => void,
+    private readonly hooks: {
+      onClose: (c: ClientConn) => void;
+      onSubscribe?: (c: ClientConn) => void;
+      /** The server's node: a filter on nodes matches its events (which leave Event.node unset) by it. */
+      localNode: string;
+    },
   ) {
     this.id = id;
     this.remote = remote;
@@ -57,7 +64,7 @@ export class ClientConn {
     this.pending = [];
     this.queue = [];
     this.queueBytes = 0;
-    this.onClose(this);
+    this.hooks.onClose(this);
   }
 
   /**
@@ -106,8 +113,10 @@ export class ClientConn {
   private apply(msg: pb.ClientMessage): void {
     switch (msg.body) {
       case 'subscribe':
-        this.filter = compileFilter(msg.subscribe?.filter, this.limits.maxFilterEntries);
+        this.filter = compileFilter(msg.subscribe?.filter, this.limits.maxFilterEntries, this.hooks.localNode);
+        this.subscribed = msg.subscribe?.filter ?? null;
         this.wantsFlows = !!msg.subscribe?.flows;
+        this.hooks.onSubscribe?.(this);
         break;
       case 'pause':
         this.paused = true;

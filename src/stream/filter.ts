@@ -1,6 +1,7 @@
 /** A client's subscription filter, compiled once into a predicate over events. */
 import { svctrace } from '../gen/svctrace';
 import { SvctraceError } from '../errors';
+import { nodeName } from '../node-name';
 
 import pb = svctrace.v1;
 
@@ -8,14 +9,18 @@ export type EventPredicate = (e: pb.IEvent) => boolean;
 
 const DROP_LIKE = new Set<number>([pb.Stage.STAGE_DROP]);
 
-/** Throws BAD_INPUT when a list is longer than `maxEntries` or holds junk. */
-export function compileFilter(f: pb.IFilter | null | undefined, maxEntries: number): EventPredicate {
+/**
+ * Throws BAD_INPUT when a list is longer than `maxEntries` or holds junk.
+ * An event without a node (a node's own server leaves it unset) is `localNode`'s.
+ */
+export function compileFilter(f: pb.IFilter | null | undefined, maxEntries: number, localNode = nodeName()): EventPredicate {
   if (!f) return () => true;
   const lists: Array<[string, unknown[] | null | undefined]> = [
     ['services', f.services],
     ['backends', f.backends],
     ['namespaces', f.namespaces],
     ['kinds', f.kinds],
+    ['nodes', f.nodes],
   ];
   for (const [name, list] of lists) {
     if (list && list.length > maxEntries) throw new SvctraceError('BAD_INPUT', `filter.${name} has ${list.length} entries (at most ${maxEntries})`);
@@ -24,11 +29,13 @@ export function compileFilter(f: pb.IFilter | null | undefined, maxEntries: numb
   const backends = new Set(f.backends ?? []);
   const namespaces = new Set(f.namespaces ?? []);
   const kinds = new Set((f.kinds ?? []).map(Number));
+  const nodes = new Set(f.nodes ?? []);
   const dropsOnly = !!f.dropsOnly;
   return (e) => {
     if (dropsOnly && (!DROP_LIKE.has(e.stage ?? 0) || e.benignDrop)) return false;
     if (services.size && !services.has(e.service ?? '')) return false;
     if (kinds.size && !kinds.has(e.kind ?? 0)) return false;
+    if (nodes.size && !nodes.has(e.node || localNode)) return false;
     if (backends.size) {
       const b = e.backend ?? '';
       if (!backends.has(b) && !backends.has(b.split(':')[0] ?? '')) return false;

@@ -5,13 +5,13 @@
  * /metrics reports.
  */
 import crypto from 'node:crypto';
-import os from 'node:os';
 import WebSocket from 'ws';
 import { svctrace } from '../gen/svctrace';
 import { ClientConn } from './client-conn';
 import { encodeEvents, serverFrame } from './frames';
 import { StreamLimits, DEFAULT_LIMITS, CLOSE } from './limits';
 import { VERSION } from '../version';
+import { nodeName } from '../node-name';
 
 import pb = svctrace.v1;
 
@@ -31,6 +31,10 @@ export interface HubSource {
   rules?: pb.IServiceRules[];
   /** The tracer's attach backend and why (sent in Hello). */
   attachBackend?: string;
+  /** A relay: the node servers it merges (sent in Hello and Status). */
+  nodes?(): pb.INodeState[];
+  /** The node's name in Hello (default: nodeName()). */
+  node?: string;
 }
 
 export class Hub {
@@ -44,6 +48,8 @@ export class Hub {
   private readonly timers: NodeJS.Timeout[] = [];
   /** Flow ids restart with every server run; clients tell runs apart by this. */
   readonly instance = crypto.randomBytes(8).toString('hex');
+  /** Told the clients' filters whenever a client comes, goes or subscribes (a relay forwards them upstream). */
+  onSubscriptions?: (subscriptions: Array<{ filter: pb.IFilter | null; flows: boolean }>) => void;
 
   constructor(
     private readonly source: HubSource,
@@ -54,6 +60,10 @@ export class Hub {
     this.timers.push(setInterval(() => this.sendStatus(), this.limits.statusEveryMs));
     this.timers.push(setInterval(() => this.sendFlows(), this.limits.flowsEveryMs));
     for (const t of this.timers) t.unref();
+  }
+
+  get node(): string {
+    return this.source.node ?? nodeName();
   }
 
   get clientCount(): number {
@@ -70,9 +80,18 @@ export class Hub {
       ws.close(CLOSE.TOO_MANY_CLIENTS, `too many clients (at most ${this.limits.maxClients})`);
       return null;
     }
-    const c = new ClientConn(this.nextId++, ws, remote, this.limits, (x) => this.clients.delete(x));
+    const subscriptionsChanged = () => this.onSubscriptions?.([...this.clients].map((x) => ({ filter: x.subscribed, flows: x.wantsFlows })));
+    const c = new ClientConn(this.nextId++, ws, remote, this.limits, {
+      onClose: (x) => {
+        this.clients.delete(x);
+        subscriptionsChanged();
+      },
+      onSubscribe: subscriptionsChanged,
+      localNode: this.node,
+    });
     this.clients.add(c);
-    c.sendControl(serverFrame({ hello: { serverVersion: VERSION, services: this.source.services, node: os.hostname(), replay: !!this.source.replay, instance: this.instance, rules: this.source.rules ?? [], attachBackend: this.source.attachBackend ?? '' } }));
+    subscriptionsChanged();
+    c.sendControl(serverFrame({ hello: { serverVersion: VERSION, services: this.source.services, node: this.node, replay: !!this.source.replay, instance: this.instance, rules: this.source.rules ?? [], attachBackend: this.source.attachBackend ?? '', nodes: this.source.nodes?.() ?? [] } }));
     c.sendControl(serverFrame({ status: this.statusFor(c) }));
     return c;
   }
@@ -109,6 +128,7 @@ export class Hub {
       dropsByReason: this.source.dropsByReason(),
       eventsPerSecond: this.rate,
       lostByStage: { ...this.source.lostByStage?.(), client_queues: this.clientsDropped() },
+      nodes: this.source.nodes?.() ?? [],
     };
   }
 

@@ -33,7 +33,7 @@ export function serverRegistry(hub: Hub, source: HubSource): Registry {
   });
   new Counter({
     name: 'svctrace_events_lost_total',
-    help: 'Events lost, per stage (ring_buffer, flow_state, nat_exit_unmatched, conntrack_netlink, rule_trace_netlink, shutdown, flow_table, client_queues).',
+    help: 'Events lost, per stage (ring_buffer, flow_state, nat_exit_unmatched, conntrack_netlink, rule_trace_netlink, shutdown, flow_table, client_queues; a relay: relay_upstream, relay_flows).',
     labelNames: ['stage'],
     registers,
     collect() {
@@ -56,6 +56,30 @@ export function serverRegistry(hub: Hub, source: HubSource): Registry {
         for (const c of hub.clientList()) this.inc({ client: String(c.id), remote: c.remote }, read(c));
       },
     });
+  if (source.nodes) {
+    // A relay: each node server, as it stands (1 connected, 0.5 lagging, 0 down or connecting).
+    const nodes = source.nodes.bind(source);
+    new Gauge({
+      name: 'svctrace_relay_node_up',
+      help: 'A node server the relay merges: 1 connected, 0.5 lagging, 0 down or connecting.',
+      labelNames: ['node', 'url'],
+      registers,
+      collect() {
+        this.reset();
+        for (const n of nodes()) this.set({ node: n.node ?? '', url: n.url ?? '' }, n.state === 'connected' ? 1 : n.state === 'lagging' ? 0.5 : 0);
+      },
+    });
+    new Counter({
+      name: 'svctrace_relay_node_events_lost_total',
+      help: "Events a node server lost before they reached the relay (its kernel side, and what it dropped for the relay).",
+      labelNames: ['node', 'url'],
+      registers,
+      collect() {
+        this.reset();
+        for (const n of nodes()) this.inc({ node: n.node ?? '', url: n.url ?? '' }, Number(n.lost ?? 0));
+      },
+    });
+  }
   perClient('svctrace_client_events_sent_total', 'Events sent to a client.', (c) => c.sent);
   perClient('svctrace_client_events_dropped_total', 'Events a slow client missed.', (c) => c.dropped);
   return registry;

@@ -16,6 +16,7 @@ import { makeEvent, syntheticSource } from '../helpers/stream';
 import { Lab } from '../../src/lab/lab';
 import { StreamServer } from '../../src/stream/server';
 import { dashboardHandler } from '../../src/stream/static';
+import { nodeName } from '../../src/node-name';
 
 const ROOT = path.resolve(__dirname, '..', '..', '..');
 const CLI = path.join(ROOT, 'bin', 'svctrace.js');
@@ -81,10 +82,11 @@ describe('dashboard in Chromium (kernel)', () => {
     const rows = await page.$$eval('[data-testid=flow-row]', (trs) => trs.map((tr) => [...tr.querySelectorAll('td')].map((td) => td.textContent ?? '')));
     for (const sv of served) {
       const pod = lab.pods.find((p) => p.name === sv.pod)!;
-      const row = rows.find((r) => r[2] === sv.client);
+      const row = rows.find((r) => r[3] === sv.client);
       assert.ok(row, `no row for client ${sv.client}`);
-      assert.equal(row[4], `${pod.ip}:8080`, `backend of ${sv.client}`);
-      assert.equal(row[5], pod.netns);
+      assert.equal(row[1], nodeName(), 'the node that traced it');
+      assert.equal(row[5], `${pod.ip}:8080`, `backend of ${sv.client}`);
+      assert.equal(row[6], pod.netns);
     }
     // Distribution: totals equal the requests, per backend equal the pods' logs.
     const dist = await page.$$eval('[data-testid=dist-row]', (trs) => trs.map((tr) => [tr.getAttribute('data-backend'), Number(tr.querySelector('[data-testid=dist-count]')?.textContent)]));

@@ -39,4 +39,19 @@ describe('dashboard store', () => {
     const titles = hops([...s.flows.values()][0]!).filter((h) => h.stage === 'drop').map((h) => h.title);
     assert.deepEqual(titles, ['RESET', 'ICMP', 'DROP']);
   });
+
+  it('behind a relay, flows are per node: the same id from two nodes is two flows, each named by its node', () => {
+    const s = new Store();
+    s.setHello({ node: 'relay-0', instance: 'r1', nodes: [{ node: 'node-a', state: 'connected' }, { node: 'node-b', state: 'down' }] });
+    s.addEvents([ev(7, { node: 'node-a', conntrack: { tcpState: 'ESTABLISHED' } }), ev(7, { node: 'node-b', conntrack: { tcpState: 'SYN_SENT' } })]);
+    s.addFlows([{ id: 7, node: 'node-b', service: SVC, state: 'SYN_SENT', packetsOriginal: 3 }]);
+    const flows = [...s.flows.values()].map((f) => [f.node, f.id, f.state, f.packets[0]]);
+    assert.deepEqual(flows.sort(), [['node-a', '7', 'ESTABLISHED', 0], ['node-b', '7', 'SYN_SENT', 3]]);
+    assert.deepEqual(s.nodes().map((n) => `${n.node} ${n.state}`), ['node-a connected', 'node-b down']);
+    // A node server's own stream: its events carry no node; they are its Hello's.
+    const one = new Store();
+    one.setHello({ node: 'worker-1', instance: 'x' });
+    one.addEvents([ev(1, {})]);
+    assert.equal([...one.flows.values()][0]!.node, 'worker-1');
+  });
 });

@@ -1,9 +1,6 @@
-import fs from 'node:fs';
-import os from 'node:os';
 import { Command } from 'commander';
-import { SvctraceError } from '../../errors';
 import { waitForStop } from '../../pipeline/lifecycle';
-import { DEFAULT_LISTEN, StreamServer } from '../../stream/server';
+import { StreamServer } from '../../stream/server';
 import { dashboardHandler } from '../../stream/static';
 import { formatSummary } from '../../output/flow-text';
 import { MemoryWatch } from '../../process-memory';
@@ -17,25 +14,12 @@ import { liveDiagnoserSink, tracedServicesInRules } from '../../pipeline/sinks/d
 import { parseServiceSpec, ServiceSpec } from '../../net/ipv4';
 import { serviceLabel } from '../../flows/service-ids';
 import type { svctrace } from '../../gen/svctrace';
-import { addSelectionOptions, collect, parseDuration, readToken, SelectionOptions, selectionOf, servicesFrom } from '../options';
+import { addSelectionOptions, parseDuration, SelectionOptions, selectionOf, servicesFrom } from '../options';
+import { addServerOptions, ServerCliOptions, serverOptionsOf } from '../server-options';
+import { nodeName } from '../../node-name';
 
-interface ServeCliOptions extends SelectionOptions {
-  listen: string;
-  token?: string;
-  tokenFile?: string;
-  tlsCert?: string;
-  tlsKey?: string;
-  allowOrigin: string[];
-  allowHost: string[];
+interface ServeCliOptions extends SelectionOptions, ServerCliOptions {
   duration?: string;
-}
-
-function readFileOpt(path: string, what: string): Buffer {
-  try {
-    return fs.readFileSync(path);
-  } catch (e) {
-    throw new SvctraceError('BAD_INPUT', `cannot read ${what} ${path}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
-  }
 }
 
 /** The rules' view of the traced services, for the dashboard's expected distribution; empty when none are found. */
@@ -52,21 +36,12 @@ function rulesFor(services: ServiceSpec[], d: Discovery): { rules: svctrace.v1.I
 }
 
 export function registerServe(program: Command): void {
-  addSelectionOptions(program.command('serve').description('trace and stream events over WebSocket (protobuf) at /v1/events, with /healthz and /metrics'))
-    .option('--listen <host:port>', 'address to listen on (beyond loopback needs a token)', DEFAULT_LISTEN)
-    .option('--token <token>', 'bearer token clients must present (>= 16 characters)')
-    .option('--token-file <path>', 'read the token from the first line of this file')
-    .option('--tls-cert <path>', 'serve HTTPS/WSS with this certificate (PEM)')
-    .option('--tls-key <path>', 'private key for --tls-cert (PEM)')
-    .option('--allow-origin <origin>', 'browser Origin allowed besides the server itself (repeatable)', collect, [])
-    .option('--allow-host <name>', 'Host name accepted besides addresses and localhost, e.g. the name clients use (repeatable; guards against DNS rebinding)', collect, [])
+  addServerOptions(addSelectionOptions(program.command('serve').description('trace and stream events over WebSocket (protobuf) at /v1/events, with /healthz and /metrics')))
     .option('--duration <seconds>', 'stop after this many seconds (default: until Ctrl-C)')
     .action(async (opts: ServeCliOptions) => {
       const services = await servicesFrom(opts);
       const duration = parseDuration(opts.duration);
-      const token = readToken(opts);
-      if (!!opts.tlsCert !== !!opts.tlsKey) throw new SvctraceError('BAD_INPUT', 'give both --tls-cert and --tls-key');
-      const tls = opts.tlsCert && opts.tlsKey ? { cert: readFileOpt(opts.tlsCert, 'certificate'), key: readFileOpt(opts.tlsKey, 'key') } : undefined;
+      const serverOptions = serverOptionsOf(opts);
       let server: StreamServer | undefined;
       let metrics: ServiceMetrics | undefined;
       const memory = new MemoryWatch();
@@ -75,11 +50,11 @@ export function registerServe(program: Command): void {
         const rules = rulesFor(services, ctx.discovery);
         source.rules = rules.rules;
         metrics = new ServiceMetrics({
-          node: os.hostname(),
+          node: nodeName(),
           expected: rules.rules.flatMap((r) => (r.backends ?? []).map((b) => ({ service: r.service ?? '', backend: b.address ?? '', ratio: b.probability ?? 0 }))),
         });
         const m = metrics;
-        const s = await StreamServer.start(source, { listen: opts.listen, token, tls, allowOrigins: opts.allowOrigin, allowHosts: opts.allowHost, staticHandler: dashboardHandler(), metrics: [m.registry] });
+        const s = await StreamServer.start(source, { ...serverOptions, staticHandler: dashboardHandler(), metrics: [m.registry] });
         server = s;
         // Classic failures, live: sent to every client as Diagnosis messages,
         // and those in effect as svctrace_diagnosis_active.

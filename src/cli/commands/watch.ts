@@ -13,6 +13,7 @@ interface WatchOptions {
   service: string[];
   backend: string[];
   namespace: string[];
+  node: string[];
   dropsOnly?: boolean;
   output: string;
   duration?: string;
@@ -29,6 +30,7 @@ export function registerWatch(program: Command): void {
     .option('-s, --service <service>', 'only this service, e.g. 10.96.0.100:80/tcp (repeatable)', collect, [])
     .option('--backend <ip[:port]>', 'only flows to this backend (repeatable)', collect, [])
     .option('--namespace <netns>', 'only events in this network namespace (repeatable)', collect, [])
+    .option('--node <name>', 'only events seen on this node (a relay merges several; repeatable)', collect, [])
     .option('--drops-only', 'only drops, resets and ICMP errors')
     .option('-o, --output <format>', 'text or json', 'text')
     .option('--duration <seconds>', 'stop after this many seconds')
@@ -48,7 +50,7 @@ export function registerWatch(program: Command): void {
       const done = new Promise<void>((resolve) => {
         void (async () => {
           const client = await connect(
-            { url, token, filter: { services: opts.service, backends: opts.backend, namespaces: opts.namespace, dropsOnly: !!opts.dropsOnly } },
+            { url, token, filter: { services: opts.service, backends: opts.backend, namespaces: opts.namespace, nodes: opts.node, dropsOnly: !!opts.dropsOnly } },
             {
               events: (events) => {
                 const lines = events.map((e) =>
@@ -57,7 +59,7 @@ export function registerWatch(program: Command): void {
                 if (lines.length) process.stdout.write(lines.join('\n') + '\n');
               },
               error: (e) => process.stderr.write(`svctrace: server says ${e.code}: ${e.message}\n`),
-              diagnosis: (d) => process.stdout.write(`[diagnosis] [${(d.severity ?? '').toUpperCase()}] ${d.code}${d.layer ? ` (${d.layer})` : ''} ${d.service}${d.object ? ` ${d.object}` : ''}: ${d.summary}\n`),
+              diagnosis: (d) => process.stdout.write(`[diagnosis]${d.node ? ` [${d.node}]` : ''} [${(d.severity ?? '').toUpperCase()}] ${d.code}${d.layer ? ` (${d.layer})` : ''} ${d.service}${d.object ? ` ${d.object}` : ''}: ${d.summary}\n`),
               close: (code, reason) => {
                 if (!userClosed) closedBy = `server closed the stream (${code}${reason ? `: ${reason}` : ''})`;
                 resolve();
@@ -69,7 +71,10 @@ export function registerWatch(program: Command): void {
             return undefined;
           });
           if (!client) return;
-          process.stderr.write(`svctrace: connected to ${client.hello?.node ?? '?'} (svctrace ${client.hello?.serverVersion}${client.hello?.attachBackend ? `, backend ${client.hello.attachBackend.split(':')[0]}` : ''}), tracing ${(client.hello?.services ?? []).join(', ')}\n`);
+          const nodes = client.hello?.nodes ?? [];
+          process.stderr.write(
+            `svctrace: connected to ${nodes.length ? `relay ${client.hello?.node ?? '?'} (nodes: ${nodes.map((n) => `${n.node || n.url} ${n.state}`).join(', ')})` : (client.hello?.node ?? '?')} (svctrace ${client.hello?.serverVersion}${client.hello?.attachBackend ? `, backend ${client.hello.attachBackend.split(':')[0]}` : ''}), tracing ${(client.hello?.services ?? []).join(', ')}\n`,
+          );
           await waitForStop(duration);
           userClosed = true;
           client.close();

@@ -1,0 +1,160 @@
+/**
+ * The relay against three real stream servers fed synthetic events (the
+ * relay's logic needs no kernel; test/kernel/relay.test.ts runs it on real
+ * node servers tracing the lab): events named by node, the nodes' states,
+ * a node going down and coming back, and filters asked of the node servers.
+ */
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import http from 'node:http';
+import { StreamServer } from '../../src/stream/server';
+import { Relay } from '../../src/relay/relay';
+import { upstreamRequest } from '../../src/relay/upstream';
+import { agentUrl, parseAgentsService } from '../../src/cli/commands/relay';
+import { spawn } from 'node:child_process';
+import path from 'node:path';
+import { serviceObjects, startFakeApi } from '../helpers/fake-apiserver';
+import { connect, SvctraceClient } from '../../src/client/node';
+import { SvctraceError } from '../../src/errors';
+import { svctrace } from '../../src/gen/svctrace';
+import { makeEvent, syntheticSource } from '../helpers/stream';
+import { waitFor } from '../helpers/flows';
+
+import pb = svctrace.v1;
+
+describe('relay: what it asks of the node servers', () => {
+  it('the filter all its clients share; everything when they differ; paused with no client', () => {
+    const web = { services: ['10.96.0.100:80/tcp'] };
+    assert.deepEqual(upstreamRequest([]), { paused: true, filter: null, flows: false });
+    assert.deepEqual(upstreamRequest([{ filter: web, flows: false }, { filter: { services: ['10.96.0.100:80/tcp'], backends: [] }, flows: true }]), { paused: false, filter: web, flows: true });
+    assert.deepEqual(upstreamRequest([{ filter: web, flows: false }, { filter: { services: ['10.96.0.10:53/udp'] }, flows: false }]).filter, null);
+    assert.deepEqual(upstreamRequest([{ filter: web, flows: false }, { filter: null, flows: false }]).filter, null, 'a client that wants everything');
+    assert.deepEqual(upstreamRequest([{ filter: {}, flows: false }]).filter, null, 'an empty filter is everything');
+  });
+
+  it('--agent takes ws(s)://HOST:PORT, the stream path added; anything else is a clear error', () => {
+    assert.equal(agentUrl('ws://10.0.0.5:7643'), 'ws://10.0.0.5:7643/v1/events');
+    assert.equal(agentUrl('wss://node-a:7643/v1/events'), 'wss://node-a:7643/v1/events');
+    for (const bad of ['10.0.0.5:7643', 'http://10.0.0.5:7643', 'ws://10.0.0.5:7643/metrics', 'ws://']) {
+      assert.throws(() => agentUrl(bad), (e: unknown) => e instanceof SvctraceError && e.code === 'BAD_INPUT', bad);
+    }
+  });
+});
+
+describe('relay: node servers found through the Kubernetes API', () => {
+  it('--agents-service: the ready endpoints of the agents\' headless Service are the node servers', async () => {
+    assert.deepEqual(parseAgentsService('svctrace/agents:stream'), { namespace: 'svctrace', name: 'agents', portName: 'stream' });
+    assert.throws(() => parseAgentsService('agents'), (e: unknown) => e instanceof SvctraceError && e.code === 'BAD_INPUT');
+    const node = await StreamServer.start({ ...syntheticSource(), node: 'node-x' }, { listen: '127.0.0.1:0' });
+    const port = node.address().port;
+    const objs = serviceObjects({
+      namespace: 'svctrace', name: 'agents', clusterIP: 'None', port, portName: 'stream', targetPort: port,
+      endpoints: [{ ip: '127.0.0.1', pod: 'svctrace-agent-x' }, { ip: '127.0.0.2', pod: 'svctrace-agent-gone', ready: false }],
+    });
+    const api = await startFakeApi({ services: [objs.service], endpointSlices: [objs.slice] });
+    const cli = path.resolve(__dirname, '..', '..', '..', 'bin', 'svctrace.js');
+    const relay = spawn(process.execPath, [cli, 'relay', '--agents-service', 'svctrace/agents:stream', '--kubeconfig', api.kubeconfig, '--listen', '127.0.0.1:0', '--duration', '20'], { stdio: ['ignore', 'ignore', 'pipe'] });
+    let err = '';
+    relay.stderr!.on('data', (d) => (err += d));
+    try {
+      assert.ok(await waitFor(() => /node node-x \(ws:\/\/127\.0\.0\.1:\d+\/v1\/events\): connected/.test(err), 10_000), err);
+      assert.doesNotMatch(err, /127\.0\.0\.2/, 'a not-ready endpoint is no node server');
+    } finally {
+      relay.kill('SIGTERM');
+      await new Promise((r) => relay.once('exit', r));
+      await api.close();
+      await node.close();
+    }
+  });
+});
+
+describe('relay over three node servers', () => {
+  const AGENT_TOKEN = 'agent-token-0123456789';
+  const RELAY_TOKEN = 'relay-token-0123456789';
+  const NODES = ['node-a', 'node-b', 'node-c'];
+  const servers: StreamServer[] = [];
+  let relay: Relay;
+  let client: SvctraceClient;
+  const got: pb.Event[] = [];
+  let status: pb.Status | undefined;
+  let seq = 1;
+
+  const startNode = (node: string, listen = '127.0.0.1:0') => StreamServer.start({ ...syntheticSource(), node }, { listen, token: AGENT_TOKEN });
+  const publishAll = (n: number) => servers.forEach((s) => s.publish(Array.from({ length: n }, () => makeEvent(seq++))));
+  const stateOf = (node: string) => relay.nodes().find((x) => x.node === node)?.state;
+
+  before(async () => {
+    for (const n of NODES) servers.push(await startNode(n));
+    relay = await Relay.start({
+      agents: servers.map((s) => ({ url: s.url(), minBackoffMs: 50, maxBackoffMs: 200 })),
+      agentToken: AGENT_TOKEN,
+      serve: { listen: '127.0.0.1:0', token: RELAY_TOKEN, limits: { statusEveryMs: 100 } },
+    });
+    assert.ok(await waitFor(() => NODES.every((n) => stateOf(n) === 'connected'), 5000), JSON.stringify(relay.nodes()));
+    client = await connect({ url: relay.url(), token: RELAY_TOKEN }, { events: (es) => got.push(...es), status: (s) => (status = s) });
+  });
+
+  after(async () => {
+    client?.close();
+    await relay?.stop();
+    for (const s of servers) await s.close();
+  });
+
+  it('Hello lists the nodes; every event names the node that saw it', async () => {
+    assert.deepEqual(client.hello!.nodes!.map((n) => [n.node, n.state]), NODES.map((n) => [n, 'connected']));
+    // Paused while the relay had no client; its first client resumes them (a round trip).
+    assert.ok(await waitFor(() => servers.every((s) => s.hub.clientList()[0]?.paused === false), 5000));
+    publishAll(5);
+    assert.ok(await waitFor(() => got.length >= 15, 5000), `${got.length} events`);
+    for (const n of NODES) assert.equal(got.filter((e) => e.node === n).length, 5, n);
+    // /metrics says which node servers are up.
+    const metrics = await new Promise<string>((resolve, reject) => {
+      http.get(relay.url().replace(/^ws/, 'http').replace('/v1/events', '/metrics'), { headers: { authorization: `Bearer ${RELAY_TOKEN}` } }, (res) => {
+        let body = '';
+        res.on('data', (d) => (body += d));
+        res.on('end', () => resolve(body));
+      }).on('error', reject);
+    });
+    for (const n of NODES) assert.match(metrics, new RegExp(`svctrace_relay_node_up\\{node="${n}",url="ws://127\\.0\\.0\\.1:\\d+/v1/events"\\} 1`));
+  });
+
+  it('a filter shared by the relay\'s clients is applied by the node servers: the others send nothing', async () => {
+    client.subscribe({ nodes: ['node-b'] });
+    await client.sync();
+    // The relay forwards the filter; each node server applies it (node-a and node-c match none of their own events).
+    const sentBefore = servers.map((s) => s.hub.clientList()[0]!.sent);
+    await new Promise((r) => setTimeout(r, 100));
+    got.length = 0;
+    publishAll(4);
+    assert.ok(await waitFor(() => got.length >= 4, 5000));
+    await new Promise((r) => setTimeout(r, 200));
+    assert.deepEqual([...new Set(got.map((e) => e.node))], ['node-b']);
+    const sent = servers.map((s, i) => s.hub.clientList()[0]!.sent - sentBefore[i]!);
+    assert.deepEqual(sent, [0, 4, 0], 'events each node server sent the relay');
+    client.subscribe({});
+    await client.sync();
+  });
+
+  it('a node server that goes away is down in Status, the others keep streaming; back, it is connected again', async () => {
+    const c = servers[2]!;
+    const port = c.address().port;
+    await c.close();
+    assert.ok(await waitFor(() => status?.nodes?.find((n) => n.node === 'node-c')?.state === 'down', 5000), JSON.stringify(status?.nodes));
+    got.length = 0;
+    servers.slice(0, 2).forEach((s) => s.publish([makeEvent(seq++)]));
+    assert.ok(await waitFor(() => got.length >= 2, 5000));
+    assert.deepEqual(got.map((e) => e.node).sort(), ['node-a', 'node-b']);
+
+    servers[2] = await startNode('node-c', `127.0.0.1:${port}`);
+    assert.ok(await waitFor(() => stateOf('node-c') === 'connected', 5000), JSON.stringify(relay.nodes()));
+    assert.ok(relay.nodes().find((n) => n.node === 'node-c')!.reconnects! >= 1);
+    got.length = 0;
+    servers[2].publish([makeEvent(seq++)]);
+    assert.ok(await waitFor(() => got.some((e) => e.node === 'node-c'), 5000));
+  });
+
+  it('with no client left, the node servers are paused', async () => {
+    client.close();
+    assert.ok(await waitFor(() => servers.every((s) => s.hub.clientList()[0]?.paused === true), 5000));
+  });
+});
