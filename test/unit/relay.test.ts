@@ -11,7 +11,9 @@ import { StreamServer } from '../../src/stream/server';
 import { Relay } from '../../src/relay/relay';
 import { upstreamRequest } from '../../src/relay/upstream';
 import { agentUrl, parseAgentsService } from '../../src/cli/commands/relay';
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { serviceObjects, startFakeApi } from '../helpers/fake-apiserver';
 import { connect, SvctraceClient } from '../../src/client/node';
@@ -64,6 +66,30 @@ describe('relay: node servers found through the Kubernetes API', () => {
       await new Promise((r) => relay.once('exit', r));
       await api.close();
       await node.close();
+    }
+  });
+});
+
+describe('relay: a node server over wss://', () => {
+  it('--agent-ca: the node server\'s own certificate is checked against it; without it the link stays down', async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'svt-relay-tls-'));
+    const key = path.join(dir, 'key.pem');
+    const cert = path.join(dir, 'cert.pem');
+    execFileSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', key, '-out', cert, '-days', '1', '-subj', '/CN=node-t', '-addext', 'subjectAltName=IP:127.0.0.1'], { stdio: 'ignore' });
+    const node = await StreamServer.start({ ...syntheticSource(), node: 'node-t' }, { listen: '127.0.0.1:0', tls: { cert: fs.readFileSync(cert), key: fs.readFileSync(key) } });
+    const trusting = await Relay.start({ agents: [{ url: node.url() }], agentCa: fs.readFileSync(cert), serve: { listen: '127.0.0.1:0' } });
+    const untrusting = await Relay.start({ agents: [{ url: node.url(), minBackoffMs: 50 }], serve: { listen: '127.0.0.1:0' } });
+    try {
+      assert.match(node.url(), /^wss:/);
+      assert.ok(await waitFor(() => trusting.nodes()[0]!.state === 'connected', 5000), JSON.stringify(trusting.nodes()));
+      assert.equal(trusting.nodes()[0]!.node, 'node-t');
+      assert.ok(await waitFor(() => untrusting.nodes()[0]!.state === 'down' && untrusting.nodes()[0]!.reconnects! >= 1, 5000), JSON.stringify(untrusting.nodes()));
+      assert.match(untrusting.nodes()[0]!.error!, /cannot connect/);
+    } finally {
+      await trusting.stop();
+      await untrusting.stop();
+      await node.close();
+      fs.rmSync(dir, { recursive: true, force: true });
     }
   });
 });
