@@ -147,6 +147,7 @@ export class AgentLink {
 
   /** The connection failed or ended: down, its counters kept, and a retry scheduled. */
   private lost(why: string): void {
+    if (this.stopped) return; // let go on purpose: nothing to say or retry
     if (this.status) {
       this.lostBefore += Number(this.status.dropped);
       this.kernelLostBefore += Number(this.status.kernelLost);
@@ -157,7 +158,7 @@ export class AgentLink {
     this.connState = 'down';
     this.error = why;
     if (!wasDown) this.sinks.changed(this);
-    if (this.stopped || this.retry) return;
+    if (this.retry) return;
     const delay = this.backoffMs;
     this.backoffMs = Math.min(this.backoffMs * 2, this.opts.maxBackoffMs ?? 10_000);
     this.retry = setTimeout(() => {
