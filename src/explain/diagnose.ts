@@ -453,7 +453,7 @@ export function diagnoseTraffic(svc: DiscoveredService, t: ObservedTraffic, view
       continue;
     }
     if (b.resets > 0) {
-      out.push({ code: 'BACKEND_NOT_LISTENING', layer: 'application', object: `backend ${b.backend}`, severity: 'error', summary: `${b.backend} answered ${b.resets} connection(s) with a TCP RST: nothing listens on that port in the pod (wrong targetPort, or the app is down)`, evidence: [`${b.resets} RST from the backend`] });
+      out.push({ code: 'BACKEND_NOT_LISTENING', layer: 'application', object: `backend ${b.backend}`, severity: 'error', summary: `${b.backend} refused ${b.resets} connection(s): a TCP RST in answer to the SYN, so nothing listens on that port in the pod (wrong targetPort, or the app is down)`, evidence: [`${b.resets} SYN answered by RST from the backend`] });
     }
     if (b.tooBig) {
       // The kernel dropped packets of these flows as larger than the next hop's MTU, and they kept coming.
@@ -584,7 +584,8 @@ export function observeFlows(svc: DiscoveredService, flows: Flow[], seconds: num
     let b = byBackend.get(key);
     if (!b) byBackend.set(key, (b = { backend: key, flows: 0, answered: 0, resets: 0, maxPacketsPerFlow: 0, clients: new Set() }));
     b.flows++;
-    if (f.backendReset) b.resets++;
+    // Refused: reset in answer to the SYN. A reset after the handshake is an abort by a backend that listens (answered).
+    if (f.backendRefused) b.resets++;
     else if (f.status & IPS_SEEN_REPLY) b.answered++;
     else {
       if (f.drops.length && f.replyDrops && f.replyDrops.length && f.drops.every((r) => f.replyDrops!.some((w) => w.startsWith(`${r} at `)))) {

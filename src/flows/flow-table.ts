@@ -414,6 +414,9 @@ export class FlowTable implements FlowTableView {
     if (e.kind === EventKind.NF) this.updateConntrack(f, e);
     const c = classifyEvent(f, e, this.classifyContext);
     this.apply(f, e, c);
+    // A reset that answers the SYN (no SYN-ACK came first) is a refusal;
+    // one later in the connection is an abort, by a backend that listens.
+    if (c.effects.backendReset && prevTcpState <= TCP_SYN_SENT) f.backendRefused = true;
     const left = tcpStateLeft(e, prevTcpState, f.tcpState);
     const stage = c.stage;
     // Flows keep no timeline: each entry goes out once, with its event, to
@@ -514,6 +517,7 @@ export class FlowTable implements FlowTableView {
 }
 
 /** enum tcp_conntrack (events/conntrack TCP_CT_STATES). */
+const TCP_SYN_SENT = 1;
 const TCP_TIME_WAIT = 7;
 const TCP_CLOSE = 8;
 

@@ -59,6 +59,8 @@ export interface Flow {
   reset: boolean;
   /** The backend sent the reset (reply direction): nothing listened, or it aborted. */
   backendReset?: boolean;
+  /** That reset answered the opening SYN (the connection never got further): the backend refused it, nothing listens. */
+  backendRefused?: boolean;
   icmpErrors: string[];
   /** The kube-proxy chains the first packet went through (nftables trace), when observed. */
   rulePath: string[];

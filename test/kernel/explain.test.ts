@@ -293,7 +293,7 @@ describe('explain --watch counts refused connections (kernel)', () => {
     assert.ok(refused > 0, 'some connections went to the refusing pod');
     const nl = e[0]!.diagnoses.find((d) => d.code === 'BACKEND_NOT_LISTENING');
     assert.ok(nl, JSON.stringify(e[0]!.diagnoses));
-    assert.match(nl.summary, new RegExp(`${pod1.ip.replace(/\./g, '\\.')}:8080 answered ${refused} connection\\(s\\) with a TCP RST`));
+    assert.match(nl.summary, new RegExp(`${pod1.ip.replace(/\./g, '\\.')}:8080 refused ${refused} connection\\(s\\): a TCP RST in answer to the SYN`));
     assert.equal(e[0]!.observed!.flows, 20, 'every connection is a flow');
   });
 });

@@ -151,6 +151,17 @@ describe('FlowTable', () => {
     assert.equal(next[0]!.flow.id, 2);
   });
 
+  it('a reset in answer to the SYN is a refusal; one after the handshake is an abort, not "nothing listens"', () => {
+    const refused = table();
+    refused.ingest([ev({ tsNs: 1n, ctTcpState: 1 })]);
+    const r = refused.ingest([ev({ tsNs: 2n, dir: Dir.REPLY, tcpFlags: 0x14, ctTcpState: 7 })]);
+    assert.deepEqual([r[0]!.flow.backendReset, r[0]!.flow.backendRefused], [true, true]);
+    const aborted = table();
+    aborted.ingest([ev({ tsNs: 1n, ctTcpState: 1 }), ev({ tsNs: 2n, dir: Dir.REPLY, tcpFlags: 0x12, ctTcpState: 2, ctStatus: IPS_SEEN_REPLY })]);
+    const a = aborted.ingest([ev({ tsNs: 3n, dir: Dir.REPLY, tcpFlags: 0x14, ctTcpState: 7, ctStatus: IPS_SEEN_REPLY })]);
+    assert.deepEqual([a[0]!.flow.backendReset, a[0]!.flow.backendRefused], [true, undefined]);
+  });
+
   it('names drops, ignores benign frees in the summary, and notices RST and REJECT', () => {
     const t = table();
     t.ingest([ev({ tsNs: 1n })]);
