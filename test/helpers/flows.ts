@@ -50,3 +50,25 @@ export async function waitFor(cond: () => boolean, ms: number, step = 50): Promi
   }
   return cond();
 }
+
+/**
+ * Waits until `read()` has not changed for quietMs (at most ms, both times
+ * TIME_SCALE): the records traffic left behind (its FINs, the counters a
+ * connection's end writes) have all come in. Returns whether it settled.
+ */
+export async function settled(read: () => number, quietMs = 300, ms = 5000): Promise<boolean> {
+  const end = Date.now() + ms * TIME_SCALE;
+  let last = read();
+  let since = Date.now();
+  while (Date.now() < end) {
+    await new Promise((r) => setTimeout(r, 50));
+    const now = read();
+    if (now !== last) {
+      last = now;
+      since = Date.now();
+    } else if (Date.now() - since >= quietMs * TIME_SCALE) {
+      return true;
+    }
+  }
+  return false;
+}

@@ -6,7 +6,7 @@
  */
 import { after, before, describe } from 'node:test';
 import assert from 'node:assert/strict';
-import { kernelTest, natStagePriority, netfilterLinks, netnsList, sleep, IS_ROOT } from '../helpers/kernel';
+import { kernelTest, natStagePriority, netfilterLinks, netnsList, IS_ROOT } from '../helpers/kernel';
 import { Lab, LabPod, POD_HTTP_PORT } from '../../src/lab/lab';
 import { Tracer } from '../../src/tracer/tracer';
 import { KernelEvent } from '../../src/events/decode';
@@ -14,7 +14,7 @@ import { parseServiceSpec } from '../../src/net/ipv4';
 import { EventKind, NfStage } from '../../src/events/layout';
 import { IPS_DST_NAT, NF_HOOK_NAMES } from '../../src/events/conntrack';
 import { SvctraceError } from '../../src/errors';
-import { waitFor } from '../helpers/flows';
+import { settled, waitFor } from '../helpers/flows';
 
 describe('first real trace (kernel)', () => {
   let lab: Lab | undefined;
@@ -55,9 +55,13 @@ describe('first real trace (kernel)', () => {
       assert.ok(r.ok, `curl ${i} failed: ${r.stderr}`);
       clientPorts.push(/client=[\d.]+:(\d+)/.exec(r.body)![1]!);
     }
-    // Records arrive a batch after the traffic: wait (bounded) for each connection's un-DNATed reply.
+    // Records arrive a batch after the traffic, and keep coming after the
+    // replies (FINs, each connection's counters as it enters TIME_WAIT):
+    // wait (bounded) for every reply and counters record, then until the
+    // reader has read nothing more for a while.
     const replied = (port: number) => events.some((e) => e.kind === EventKind.NF && e.ctOrig.sport === port && NF_HOOK_NAMES[e.nfHook] === 'LOCAL_IN' && e.nfStage === NfStage.AFTER_NAT);
-    await waitFor(() => lab!.served.filter((s) => s.proto === 'tcp').length === N && clientPorts.every((p) => replied(Number(p))), 5000);
+    await waitFor(() => lab!.served.filter((s) => s.proto === 'tcp').length === N && clientPorts.every((p) => replied(Number(p))) && statsRecords >= N, 5000);
+    await settled(() => tracer!.stats().recordsRead + events.length + statsRecords);
     assert.equal(lab.served.filter((s) => s.proto === 'tcp').length, N);
 
     for (const served of lab.served) {
@@ -96,8 +100,10 @@ describe('first real trace (kernel)', () => {
     const other = lab.service('other');
     const r = await lab.curl(`http://${other.clusterIP}:${other.port}/`);
     assert.ok(r.ok, r.stderr);
-    await sleep(100);
-    assert.equal(events.length, count, 'traffic to an untraced ClusterIP produced events');
+    // Until the reader has nothing more (the earlier connections' ends may still come: they are not this traffic's).
+    await settled(() => tracer!.stats().recordsRead);
+    const theirs = events.slice(count).filter((e) => e.ctOrig.daddr === other.clusterIP || e.pkt.daddr === other.clusterIP);
+    assert.deepEqual(theirs, [], 'traffic to an untraced ClusterIP produced events');
     assert.throws(() => tracer!.attachNetns('svt-no-such-netns'), (e: unknown) => e instanceof SvctraceError && e.code === 'NETNS_NOT_FOUND');
   });
 
