@@ -63,6 +63,7 @@ export function registerRelay(program: Command): void {
       const urls = [...new Set(opts.agent.map(agentUrl))];
       const agentsService = opts.agentsService ? parseAgentsService(opts.agentsService) : undefined;
       const duration = parseDuration(opts.duration);
+      if (opts.agentToken && opts.agentTokenFile) throw new SvctraceError('BAD_INPUT', 'give --agent-token or --agent-token-file, not both');
       const agentToken = readToken({ token: opts.agentToken, tokenFile: opts.agentTokenFile });
       const agentCa = opts.agentCa ? readFileOpt(opts.agentCa, 'CA certificate') : undefined;
       const cluster = agentsService ? await Cluster.start({ kubeconfig: opts.kubeconfig, onWarning: warn }) : null;
