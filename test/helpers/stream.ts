@@ -1,4 +1,8 @@
 /** A synthetic event source for streaming tests (the kernel is not needed to test fan-out and backpressure). */
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import WebSocket from 'ws';
 import { svctrace } from '../../src/gen/svctrace';
 import { HubSource } from '../../src/stream/hub';
@@ -56,4 +60,13 @@ export class RawClient {
   send(m: pb.IClientMessage): void {
     this.ws.send(pb.ClientMessage.encode(m).finish());
   }
+}
+
+/** A self-signed certificate for 127.0.0.1 (openssl), in a temporary folder the caller removes. */
+export function selfSignedCert(cn: string): { dir: string; cert: Buffer; key: Buffer } {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'svt-tls-'));
+  const key = path.join(dir, 'key.pem');
+  const cert = path.join(dir, 'cert.pem');
+  execFileSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', key, '-out', cert, '-days', '1', '-subj', `/CN=${cn}`, '-addext', 'subjectAltName=IP:127.0.0.1'], { stdio: 'ignore' });
+  return { dir, cert: fs.readFileSync(cert), key: fs.readFileSync(key) };
 }

@@ -11,15 +11,14 @@ import { StreamServer } from '../../src/stream/server';
 import { Relay } from '../../src/relay/relay';
 import { upstreamRequest } from '../../src/relay/upstream';
 import { agentUrl, parseAgentsService } from '../../src/cli/commands/relay';
-import { execFileSync, spawn } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import fs from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
 import { serviceObjects, startFakeApi } from '../helpers/fake-apiserver';
 import { connect, SvctraceClient } from '../../src/client/node';
 import { SvctraceError } from '../../src/errors';
 import { svctrace } from '../../src/gen/svctrace';
-import { makeEvent, syntheticSource } from '../helpers/stream';
+import { makeEvent, selfSignedCert, syntheticSource } from '../helpers/stream';
 import { waitFor } from '../helpers/flows';
 
 import pb = svctrace.v1;
@@ -72,12 +71,9 @@ describe('relay: node servers found through the Kubernetes API', () => {
 
 describe('relay: a node server over wss://', () => {
   it('--agent-ca: the node server\'s own certificate is checked against it; without it the link stays down', async () => {
-    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'svt-relay-tls-'));
-    const key = path.join(dir, 'key.pem');
-    const cert = path.join(dir, 'cert.pem');
-    execFileSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', key, '-out', cert, '-days', '1', '-subj', '/CN=node-t', '-addext', 'subjectAltName=IP:127.0.0.1'], { stdio: 'ignore' });
-    const node = await StreamServer.start({ ...syntheticSource(), node: 'node-t' }, { listen: '127.0.0.1:0', tls: { cert: fs.readFileSync(cert), key: fs.readFileSync(key) } });
-    const trusting = await Relay.start({ agents: [{ url: node.url() }], agentCa: fs.readFileSync(cert), serve: { listen: '127.0.0.1:0' } });
+    const { dir, cert, key } = selfSignedCert('node-t');
+    const node = await StreamServer.start({ ...syntheticSource(), node: 'node-t' }, { listen: '127.0.0.1:0', tls: { cert, key } });
+    const trusting = await Relay.start({ agents: [{ url: node.url() }], agentCa: cert, serve: { listen: '127.0.0.1:0' } });
     const untrusting = await Relay.start({ agents: [{ url: node.url(), minBackoffMs: 50 }], serve: { listen: '127.0.0.1:0' } });
     try {
       assert.match(node.url(), /^wss:/);

@@ -8,16 +8,13 @@ import http from 'node:http';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import net from 'node:net';
-import os from 'node:os';
-import path from 'node:path';
-import { execFileSync } from 'node:child_process';
 import WebSocket from 'ws';
 import { StreamServer } from '../../src/stream/server';
 import { eventsFrame, encodeEvents, serverFrame } from '../../src/stream/frames';
 import { SvctraceError } from '../../src/errors';
 import { svctrace } from '../../src/gen/svctrace';
 import { connect } from '../../src/client/node';
-import { makeEvent, RawClient, syntheticSource } from '../helpers/stream';
+import { makeEvent, RawClient, selfSignedCert, syntheticSource } from '../helpers/stream';
 import { waitFor } from '../helpers/flows';
 
 import pb = svctrace.v1;
@@ -278,14 +275,11 @@ describe('stream server with a token', () => {
 
 describe('stream server over TLS', () => {
   it('serves wss:// with --tls-cert/--tls-key and the client connects', async () => {
-    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'svt-tls-'));
-    const key = path.join(dir, 'key.pem');
-    const cert = path.join(dir, 'cert.pem');
-    execFileSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', key, '-out', cert, '-days', '1', '-subj', '/CN=localhost', '-addext', 'subjectAltName=IP:127.0.0.1'], { stdio: 'ignore' });
-    const server = await StreamServer.start(syntheticSource(), { listen: '127.0.0.1:0', tls: { cert: fs.readFileSync(cert), key: fs.readFileSync(key) } });
+    const { dir, cert, key } = selfSignedCert('localhost');
+    const server = await StreamServer.start(syntheticSource(), { listen: '127.0.0.1:0', tls: { cert, key } });
     try {
       assert.match(server.url(), /^wss:\/\//);
-      const ws = new WebSocket(server.url(), ['svctrace.v1'], { ca: fs.readFileSync(cert) });
+      const ws = new WebSocket(server.url(), ['svctrace.v1'], { ca: cert });
       const hello = await new Promise<pb.ServerMessage>((resolve, reject) => {
         ws.once('message', (d) => resolve(pb.ServerMessage.decode(d as Buffer)));
         ws.once('error', reject);
