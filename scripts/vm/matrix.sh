@@ -73,7 +73,14 @@ for row in $ROWS; do
   pass=$(grep -E '^ℹ pass ' "$log" | tail -n1 | awk '{print $3}')
   fail=$(grep -E '^ℹ fail ' "$log" | tail -n1 | awk '{print $3}')
   line=$(printf '%-28s %-10s %s pass, %s fail, %ss' "$release" "$backend" "${pass:-?}" "${fail:-?}" "$took")
-  if [ "$rc" != 0 ]; then failed=1; line="$line  FAILED (exit $rc)"; fi
+  if [ "$rc" != 0 ]; then
+    failed=1; line="$line  FAILED (exit $rc)"
+    # The filtered stream above shows which test failed, not why: the
+    # reporter's own account of each failure (assertion, values) is at the
+    # end of the log, which a CI machine does not keep.
+    echo "=== vm-matrix: why $release $backend failed (end of $log)"
+    sed -n '/^✖ failing tests:/,$p' "$log" | head -n 150
+  fi
   summary+=("$line")
 done
 

@@ -31,9 +31,18 @@ const GRACE_NS = 2_000_000_000n;
  */
 const UNDECIDED_GRACE_NS = 5_000_000_000n;
 
-/** The flow already shows how it went (or that it never reached a backend). */
+/**
+ * The flow already shows how it went. Not being DNATed is not enough: in
+ * kube-proxy's IPVS mode every connection looks un-DNATed until IPVS has
+ * forwarded its first packet (IPVS rewrites conntrack as it sends, after
+ * our hooks saw the packet), and its translation is seen with the next
+ * packet or the reply. Judged at 2 s on a slow or busy node, refused
+ * connections to an IPVS service were called "not DNATed". A connection that
+ * really meets no rule shows its end too (no route, an ICMP error, a drop),
+ * or is judged after the longer grace.
+ */
 function decided(f: Flow): boolean {
-  return !f.dnat || (f.status & IPS_SEEN_REPLY) !== 0 || f.reset || !!f.backendReset || f.drops.length > 0 || f.icmpErrors.length > 0;
+  return (f.status & IPS_SEEN_REPLY) !== 0 || f.reset || !!f.backendReset || f.drops.length > 0 || f.icmpErrors.length > 0;
 }
 const MAX_PENDING = 20_000;
 /** The flows the distribution over backends is judged on: the last minute's, at most this many. */

@@ -135,6 +135,24 @@ describe('live diagnoses as evidence accumulates', () => {
     assert.equal(said.length, 0, 'not judged at 2.5 s');
     live.tick(35n * 1_000_000_000n + 500_000_000n);
     assert.ok(said.includes('REPLY_PATH_BROKEN'), `judged at 5.5 s: ${said}`);
+    // A connection not DNATed yet (IPVS translates as it forwards) is not judged "not DNATed" at 2.5 s...
+    said.length = 0;
+    const early = { ...flow(40), status: 0, dnat: false, reply: { saddr: '10.244.1.12', daddr: '10.250.0.2', sport: 8080, dport: 1, proto: 6 } };
+    live.observe([{ flow: early } as Ingested]);
+    live.tick(42n * 1_000_000_000n + 500_000_000n);
+    assert.equal(said.length, 0, `not judged at 2.5 s: ${said}`);
+    // ...and once its reset shows the translation, it is a refusal, not missing rules.
+    Object.assign(early, { dnat: true, reset: true, backendReset: true, backendRefused: true });
+    live.tick(43n * 1_000_000_000n);
+    assert.ok(!said.includes('RULES_MISSING'), `${said}`);
+    // One that stays un-DNATed with nothing to show is judged after the longer grace.
+    said.length = 0;
+    const lost = { ...flow(50), status: 0, dnat: false };
+    live.observe([{ flow: lost } as Ingested]);
+    live.tick(52n * 1_000_000_000n + 500_000_000n);
+    assert.equal(said.length, 0, `not judged at 2.5 s: ${said}`);
+    live.tick(55n * 1_000_000_000n + 500_000_000n);
+    assert.ok(said.includes('RULES_MISSING'), `judged at 5.5 s: ${said}`);
     // A minute later the old flows no longer count: a few new ones are not a skew.
     said.length = 0;
     t.mock.timers.tick(120_000);
