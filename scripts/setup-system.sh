@@ -6,8 +6,10 @@
 # ships libbpf 1.1.
 set -euo pipefail
 
+# mmdebstrap: the minimal Debian root the npm package is installed into by
+# its test (test/kernel/package-install.test.ts).
 PLAIN_PKGS=(clang llvm make cmake g++ pkg-config libelf-dev zlib1g-dev libmnl-dev
-  iptables nftables conntrack iproute2 curl libcap2-bin util-linux tshark chromium wrk)
+  iptables nftables conntrack iproute2 curl libcap2-bin util-linux tshark chromium wrk mmdebstrap)
 # `setup-system.sh vm`: also what the kernel matrix (scripts/vm/) boots
 # Debian's kernels with: qemu, busybox for the initramfs, kmod (depmod on the
 # host, modprobe in the guest), xz for compressed modules, and ipvsadm and

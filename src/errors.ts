@@ -14,6 +14,7 @@ export type SvctraceErrorCode =
   | 'NATIVE_MISSING' // the addon is not built
   | 'LAB' // the built-in lab could not be set up
   | 'STREAM' // a stream connection failed or was closed by the server
+  | 'TOOL_MISSING' // a command svctrace reads the node with (nft, iptables-save, ipvsadm) is not installed
   | 'INTERNAL';
 
 /** Error with a stable code; `cause` keeps the underlying error (errno, op, verifier log). */

@@ -13,4 +13,5 @@ export const EXIT_CODES: Record<SvctraceErrorCode, number> = {
   LAB: 6,
   STREAM: 7,
   NETNS_GONE: 8,
+  TOOL_MISSING: 9,
 };

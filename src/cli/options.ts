@@ -5,7 +5,7 @@ import { SvctraceError } from '../errors';
 import { DEFAULT_RING_BUFFER_BYTES, DEFAULT_STATS_INTERVAL_MS } from '../events/layout';
 import { parseNodePortSpec, parseServiceSpec, ServiceSpec } from '../net/ipv4';
 import { discover } from '../discovery/discover';
-import { DiscoveredService, findByName, tracedAddressesOf } from '../discovery/model';
+import { DiscoveredService, findByName, readersMissingText, tracedAddressesOf } from '../discovery/model';
 import type { PipelineOptions } from '../pipeline/pipeline';
 import { CURRENT_NETNS, resolveNetns } from '../netns/netns';
 import { parseBackend } from '../tracer/backend';
@@ -54,6 +54,7 @@ export async function servicesFrom(opts: SelectionOptions): Promise<ServiceSpec[
   if (!byName.length && !opts.allServices) return specs;
   const netns = opts.netns.length ? resolveNetns(opts.netns[0]!) : CURRENT_NETNS;
   const d = await discover(netns);
+  if (d.readersMissing) throw new SvctraceError('TOOL_MISSING', `${byName.length ? `'${byName[0]}'` : '--all-services'}: ${readersMissingText(d.readersMissing)}; trace by address instead (--service IP:port)`);
   // Every address kube-proxy DNATs for the Service: ClusterIP, externalIPs,
   // LoadBalancer IPs and NodePorts (on any node address), not the ClusterIP alone.
   const add = (s: DiscoveredService) => {

@@ -47,8 +47,17 @@ export async function discover(netnsPath: string = CURRENT_NETNS): Promise<Disco
     if (d.mode !== 'none') return { ...d, backend: 'legacy', warnings: [...warnings, ...d.warnings] };
   }
   const refused = [nft, ipt].map((r) => r.stderr).find((e) => PERMISSION.test(e));
-  return { mode: 'none', services: [], masqueradeRule: false, warnings, ...(refused && ipt.code !== 0 ? { unreadable: refused.trim().split('\n')[0]! } : {}) };
+  if (refused && ipt.code !== 0) return { mode: 'none', services: [], masqueradeRule: false, warnings, unreadable: refused.trim().split('\n')[0]! };
+  // No reader at all (a minimal image, a node without iptables): nothing
+  // was read, so nothing can be said to be missing from the rules.
+  if ([nft, ipt, legacy, ipvs].every(notInstalled)) {
+    return { mode: 'none', services: [], masqueradeRule: false, warnings, readersMissing: ['nft', 'iptables-save', 'iptables-legacy-save', 'ipvsadm'] };
+  }
+  return { mode: 'none', services: [], masqueradeRule: false, warnings };
 }
+
+/** The command itself is absent (exec failed: 127 from nsenter, ENOENT from execFile). */
+const notInstalled = (r: { code: number }) => r.code === 127;
 
 /** What nft and iptables say when they may not read the rules (not root, no CAP_NET_ADMIN). */
 const PERMISSION = /permission denied|operation not permitted|you must be root|must be run as root/i;

@@ -49,6 +49,13 @@ export interface Discovery {
   warnings: string[];
   /** Set when the rules could not be read at all (not root): why. "mode none" then means nothing. */
   unreadable?: string;
+  /** Set when none of the commands that read the rules is installed: which were looked for. "mode none" then means nothing. */
+  readersMissing?: string[];
+}
+
+/** What to say when no command that reads the rules is installed. */
+export function readersMissingText(looked: string[]): string {
+  return `cannot read the node's kube-proxy rules: none of ${looked.join(', ')} is installed (Debian: apt-get install iptables nftables ipvsadm; the svctrace image has them)`;
 }
 
 /** "ns/name:port" or "ns/name" -> the services it names. */

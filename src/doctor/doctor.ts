@@ -5,8 +5,9 @@
  * loading real programs (native/probe.cc), not guessed from versions.
  */
 import fs from 'node:fs';
+import path from 'node:path';
 import { execFileSync } from 'node:child_process';
-import { loadBinding, NativeFeatures, ProbeResult } from '../native/binding';
+import { addonPath, loadBinding, NativeFeatures, ProbeResult } from '../native/binding';
 import { Backend, chooseBackend } from '../tracer/backend';
 import { argvInNetns, CURRENT_NETNS, resolveNetns } from '../netns/netns';
 import { readKernelConfig } from './kernel-config';
@@ -140,6 +141,9 @@ export function runDoctor(opts: { netns?: string } = {}): DoctorReport {
   if (priv.ok) {
     try {
       features = loadBinding().probeFeatures();
+      const file = addonPath();
+      const kind = file.includes(`${path.sep}prebuilds${path.sep}`) ? 'prebuilt' : 'local build';
+      checks.push({ id: 'addon', name: 'native addon', ok: true, required: true, detail: `${kind}: ${file}` });
     } catch (e) {
       checks.push({ id: 'addon', name: 'native addon', ok: false, required: true, detail: (e as Error).message, hint: "run 'npm run build'" });
     }

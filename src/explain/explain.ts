@@ -8,7 +8,7 @@ import crypto from 'node:crypto';
 import { SvctraceError } from '../errors';
 import type { Flow } from '../flows/types';
 import { discover } from '../discovery/discover';
-import { DiscoveredService, Discovery, findByAddress, findByName } from '../discovery/model';
+import { DiscoveredService, Discovery, findByAddress, findByName, readersMissingText } from '../discovery/model';
 import { parseServiceSpec } from '../net/ipv4';
 import { CURRENT_NETNS, resolveNetns, runInNetns } from '../netns/netns';
 import { Pipeline } from '../pipeline/pipeline';
@@ -97,6 +97,7 @@ export async function explain(opts: ExplainOptions): Promise<Explanation[]> {
   const d = await discover(netns);
   // Rules that could not be read are not missing rules: say which it is.
   if (d.unreadable) throw new SvctraceError('NOT_PERMITTED', `cannot read the node's kube-proxy rules (${d.unreadable}): run as root or with CAP_NET_ADMIN`);
+  if (d.readersMissing) throw new SvctraceError('TOOL_MISSING', readersMissingText(d.readersMissing));
   const { services, label } = resolveTarget(d, opts.target);
   if (!services.length) {
     return [{ target: label, netns, mode: d.mode, backends: [], diagnoses: [...diagnoseRules(undefined, label, d.masqueradeRule), ...diagnoseConntrack(await conntrackPressure(netns))] }];

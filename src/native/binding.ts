@@ -1,10 +1,12 @@
 /**
- * Typed access to the native addon (native/*.cc, built by cmake-js into
- * build/Release/svctrace.node). The shapes here mirror what the addon
- * returns; test/native/binding.test.ts checks them against the real thing.
+ * Typed access to the native addon (native/*.cc). It is found by
+ * node-gyp-build: a local build (build/Release/svctrace.node, `npm run
+ * build`) when there is one, else the package's prebuilt one
+ * (prebuilds/linux-<arch>/, scripts/prebuild.sh). The shapes here mirror what
+ * the addon returns; test/native/binding.test.ts checks them against the
+ * real thing.
  */
 import path from 'node:path';
-import fs from 'node:fs';
 import { SvctraceError } from '../errors';
 import type { Backend } from '../tracer/backend';
 
@@ -122,18 +124,35 @@ export interface NativeBinding {
   releaseFreeMemory(): boolean;
 }
 
-/** Where the addon is built: build/Release under the package root. */
-export const ADDON_PATH = path.resolve(__dirname, '..', '..', '..', 'build', 'Release', 'svctrace.node');
+/** The package root: where build/ and prebuilds/ are. */
+const PACKAGE_ROOT = path.resolve(__dirname, '..', '..', '..');
+
+/** The addon this process loads, or a clear error saying what was looked for and how to get one. */
+export function addonPath(): string {
+  try {
+    // eslint-disable-next-line @typescript-eslint/no-require-imports
+    const nodeGypBuild = require('node-gyp-build') as { resolve(dir: string): string };
+    return nodeGypBuild.resolve(PACKAGE_ROOT);
+  } catch (e) {
+    const wanted = (e as Error).message.split('\n')[0]!.replace(/^No native build was found for /, '');
+    throw new SvctraceError(
+      'NATIVE_MISSING',
+      `no native addon for this machine (${wanted}) in ${PACKAGE_ROOT}: neither a local build (build/Release) nor a prebuilt one (prebuilds/); build it with 'npm run build' (needs clang, cmake, bpftool and libbpf-dev: scripts/setup-system.sh)`,
+    );
+  }
+}
 
 let cached: NativeBinding | undefined;
 
-/** Loads the addon once; a missing build is a clear error, not a stack trace. */
+/** Loads the addon once; a missing or unloadable build is a clear error, not a stack trace. */
 export function loadBinding(): NativeBinding {
   if (cached) return cached;
-  if (!fs.existsSync(ADDON_PATH)) {
-    throw new SvctraceError('NATIVE_MISSING', `native addon not built (${ADDON_PATH}): run 'npm run build'`);
+  const file = addonPath();
+  try {
+    // eslint-disable-next-line @typescript-eslint/no-require-imports
+    cached = require(file) as NativeBinding;
+  } catch (e) {
+    throw new SvctraceError('NATIVE_MISSING', `the native addon ${file} does not load here: ${(e as Error).message.split('\n')[0]}`);
   }
-  // eslint-disable-next-line @typescript-eslint/no-require-imports
-  cached = require(ADDON_PATH) as NativeBinding;
   return cached;
 }

@@ -17,7 +17,7 @@ import fs from 'node:fs';
 import { SvctraceError } from '../errors';
 import { loadBinding } from '../native/binding';
 import { discover } from '../discovery/discover';
-import type { Discovery } from '../discovery/model';
+import { Discovery, readersMissingText } from '../discovery/model';
 import { Cluster } from '../k8s/cluster';
 import { podUidsByNetns } from '../k8s/pod-netns';
 import { CURRENT_NETNS, NETNS_RUN_DIR, resolveNetns } from '../netns/netns';
@@ -144,6 +144,7 @@ export class Pipeline {
     const warn = opts.onWarning ?? (() => undefined);
     const netns = (opts.netns?.length ? opts.netns : [CURRENT_NETNS]).map(resolveNetns);
     const discovery = opts.discovery ?? (await discover(netns[0]));
+    if (discovery.readersMissing) warn(`${readersMissingText(discovery.readersMissing)}: the diagnoses that compare traffic with the rules are off; tracing goes on`);
     const cluster = opts.kubeconfig === false ? null : await Cluster.start({ kubeconfig: opts.kubeconfig, onWarning: warn });
     let tracer: Tracer | undefined;
     let p: Pipeline | undefined;

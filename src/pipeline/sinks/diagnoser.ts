@@ -30,7 +30,8 @@ export function liveDiagnoserSink(
   const services = tracedServicesInRules(traced, discovery);
   const live = new LiveDiagnoser(services, report, opts.windowMs ?? 5000, discovery.masqueradeRule, opts.onActive);
   // An externalIP or LoadBalancer IP of a Service traced by name is in the rules too.
-  const missing = traced.filter((s) => s.address && !findByAnyAddress(discovery, s.address, s.port, s.proto));
+  // Rules that could not be read are not missing rules.
+  const missing = discovery.readersMissing ? [] : traced.filter((s) => s.address && !findByAnyAddress(discovery, s.address, s.port, s.proto));
   live.addStanding(missing.flatMap((s) => diagnoseRules(undefined, s.text, discovery.masqueradeRule).map((d) => ({ ...d, service: s.text }))));
   // The node's state is extra evidence: without it, the traffic is still judged.
   const endpoints = services.flatMap((s) => s.endpoints.map((e) => ({ ip: e.ip, port: e.port, proto: s.proto })));
