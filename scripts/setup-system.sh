@@ -6,10 +6,13 @@
 # ships libbpf 1.1.
 set -euo pipefail
 
-# mmdebstrap: the minimal Debian root the npm package is installed into by
-# its test (test/kernel/package-install.test.ts).
+# mmdebstrap: the minimal Debian roots the npm package is installed into
+# (test/kernel/package-install.test.ts) and the image is made of (npm run
+# image); podman with runc runs that image (crun rejects these machines'
+# hybrid cgroups).
 PLAIN_PKGS=(clang llvm make cmake g++ pkg-config libelf-dev zlib1g-dev libmnl-dev
-  iptables nftables conntrack iproute2 curl libcap2-bin util-linux tshark chromium wrk mmdebstrap)
+  iptables nftables conntrack iproute2 curl libcap2-bin util-linux tshark chromium wrk
+  mmdebstrap podman runc)
 # `setup-system.sh vm`: also what the kernel matrix (scripts/vm/) boots
 # Debian's kernels with: qemu, busybox for the initramfs, kmod (depmod on the
 # host, modprobe in the guest), xz for compressed modules, and ipvsadm and

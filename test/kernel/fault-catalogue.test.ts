@@ -52,8 +52,26 @@ function judge(said: Said[], expected: Expected[]): Cell {
   return { ok, text };
 }
 
-/** `svctrace trace -o json` for `seconds`: the diagnoses it printed ({"diagnosis": ...} lines). */
-function traceCli(netns: string, target: string, seconds: number): { started: Promise<boolean>; done: Promise<Said[]> } {
+/**
+ * The events of up to three traced flows that never showed a DNAT: what a
+ * RULES_MISSING the trace should not have said was judged on.
+ */
+function undnatedFlows(out: string): string {
+  const byFlow = new Map<string, Array<{ summary?: string; tsNs?: string }>>();
+  const dnated = new Set<string>();
+  for (const l of out.split('\n')) {
+    if (!l.startsWith('{') || l.startsWith('{"diagnosis"')) continue;
+    const e = JSON.parse(l) as { flowId?: string; summary?: string; tsNs?: string; backend?: string };
+    if (!e.flowId) continue;
+    if (e.backend) dnated.add(e.flowId);
+    (byFlow.get(e.flowId) ?? byFlow.set(e.flowId, []).get(e.flowId)!).push(e);
+  }
+  const bad = [...byFlow].filter(([id]) => !dnated.has(id));
+  return `${bad.length} of ${byFlow.size} traced flows never showed a backend` + bad.slice(0, 3).map(([id, evs]) => `\n  flow ${id}:${evs.map((e) => `\n    ${e.tsNs} ${e.summary}`).join('')}`).join('');
+}
+
+/** `svctrace trace -o json` for `seconds`: the diagnoses it printed ({"diagnosis": ...} lines), and its output. */
+function traceCli(netns: string, target: string, seconds: number): { started: Promise<boolean>; done: Promise<Said[]>; out: () => string } {
   const t = spawn(process.execPath, [CLI, 'trace', '--netns', netns, '--service', target, '-o', 'json', '--duration', String(seconds)], { stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   let err = '';
@@ -67,7 +85,7 @@ function traceCli(netns: string, target: string, seconds: number): { started: Pr
       resolve(lines.map((l) => (JSON.parse(l) as { diagnosis: Said }).diagnosis));
     });
   });
-  return { started, done };
+  return { started, done, out: () => out };
 }
 
 const matrix: Array<{ mode: string; fault: Fault; cells: Record<FaultTool, Cell> }> = [];
@@ -133,6 +151,7 @@ for (const mode of MODES) {
           said.watch = watched.flatMap((e) => e.diagnoses);
           observed = JSON.stringify(watched[0]?.observed?.backends.map((b) => ({ ...b, clients: b.clients.size, droppedBy: [...(b.droppedBy ?? [])], icmpBy: [...(b.icmpBy ?? [])] })));
           said.trace = await trace.done;
+          if (said.trace.some((d) => d.code === 'RULES_MISSING') && !expected.trace.some((e) => e.code === 'RULES_MISSING')) observed += `\ntrace: ${undnatedFlows(trace.out())}`;
         } finally {
           await fault.remove(lab);
           await lab.flushNodeState();
