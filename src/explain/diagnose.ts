@@ -29,7 +29,8 @@ export interface Diagnosis {
     | 'TUNNEL_BROKEN'
     | 'MTU_MISMATCH'
     | 'NO_LOCAL_ENDPOINTS'
-    | 'ENDPOINTS_MISMATCH';
+    | 'ENDPOINTS_MISMATCH'
+    | 'IPVS_NOT_FORWARDED';
   severity: 'error' | 'warning' | 'info';
   /** Where the fault is: what to look at, and who fixes it. */
   layer?: 'rules' | 'conntrack' | 'routing' | 'neighbour' | 'pod-firewall' | 'application';
@@ -433,7 +434,22 @@ export function diagnoseTraffic(svc: DiscoveredService, t: ObservedTraffic, view
         evidence: [`ip route get ${e.ip}: ${error}`, `IPVS virtual service ${svc.clusterIP}:${svc.port} has real server ${e.ip}:${e.port}`, `${t.notDnated} flows with the ClusterIP still as destination after the NAT hooks`],
       });
     }
-    if (!unroutable.length) out.push({ code: 'RULES_MISSING', layer: 'rules', object: `service ${svc.name}`, severity: 'error', summary: `${t.notDnated} of ${t.flows} connections to ${svc.clusterIP}:${svc.port} were not DNATed`, evidence: ['after-DNAT hook saw the ClusterIP still as destination'] });
+    if (unroutable.length) {
+      // said above
+    } else if (svc.source === 'ipvs') {
+      // The virtual service is there (ipvsadm lists it): the rules are not
+      // missing. IPVS itself did not forward these, for a reason the node's
+      // routes do not show: one is a SYN that reuses the conntrack entry of
+      // a closing connection to the same client port, which IPVS drops
+      // (conn_reuse_mode) and the client retransmits.
+      out.push({
+        code: 'IPVS_NOT_FORWARDED', layer: 'rules', object: `service ${svc.name}`, severity: 'warning',
+        summary: `${t.notDnated} of ${t.flows} connections to ${svc.clusterIP}:${svc.port} showed no DNAT by IPVS, though its virtual service is in place and every real server is routable: IPVS did not forward them (their timelines show where they stopped)`,
+        evidence: [`IPVS virtual service ${svc.clusterIP}:${svc.port} with ${svc.endpoints.length} real server(s)`, `${t.notDnated} flows with the ClusterIP still as destination after the NAT hooks`],
+      });
+    } else {
+      out.push({ code: 'RULES_MISSING', layer: 'rules', object: `service ${svc.name}`, severity: 'error', summary: `${t.notDnated} of ${t.flows} connections to ${svc.clusterIP}:${svc.port} were not DNATed`, evidence: ['after-DNAT hook saw the ClusterIP still as destination'] });
+    }
   }
   for (const b of t.backends) {
     const [ip, portText] = b.backend.split(':') as [string, string];
