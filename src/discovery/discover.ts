@@ -56,8 +56,12 @@ export async function discover(netnsPath: string = CURRENT_NETNS): Promise<Disco
   return { mode: 'none', services: [], masqueradeRule: false, warnings };
 }
 
-/** The command itself is absent (exec failed: 127 from nsenter, ENOENT from execFile). */
-const notInstalled = (r: { code: number }) => r.code === 127;
+/**
+ * The command itself is absent: nsenter could not execute it (127, "failed
+ * to execute"), or execFile could not (ENOENT, "not installed"). A command
+ * that was killed (a timeout) also reads 127, and is not this.
+ */
+const notInstalled = (r: { code: number; stderr: string }) => r.code === 127 && /failed to execute|not installed/.test(r.stderr);
 
 /** What nft and iptables say when they may not read the rules (not root, no CAP_NET_ADMIN). */
 const PERMISSION = /permission denied|operation not permitted|you must be root|must be run as root/i;

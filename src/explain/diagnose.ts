@@ -435,7 +435,7 @@ export function diagnoseTraffic(svc: DiscoveredService, t: ObservedTraffic, view
       });
     }
     if (unroutable.length) {
-      // said above
+      // NO_ROUTE above says why
     } else if (svc.source === 'ipvs') {
       // The virtual service is there (ipvsadm lists it): the rules are not
       // missing. IPVS itself did not forward these, for a reason the node's

@@ -1,6 +1,7 @@
 /** A synthetic event source for streaming tests (the kernel is not needed to test fan-out and backpressure). */
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import WebSocket from 'ws';
@@ -69,4 +70,16 @@ export function selfSignedCert(cn: string): { dir: string; cert: Buffer; key: Bu
   const cert = path.join(dir, 'cert.pem');
   execFileSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', key, '-out', cert, '-days', '1', '-subj', `/CN=${cn}`, '-addext', 'subjectAltName=IP:127.0.0.1'], { stdio: 'ignore' });
   return { dir, cert: fs.readFileSync(cert), key: fs.readFileSync(key) };
+}
+
+/** A loopback port nothing listens on now (for a server that cannot report the port it picked). */
+export function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.once('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const port = (s.address() as net.AddressInfo).port;
+      s.close(() => resolve(port));
+    });
+  });
 }

@@ -14,12 +14,12 @@ import { execFileSync, spawnSync } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import http from 'node:http';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { IN_CI, IS_ROOT, kernelTest, netfilterLinks } from '../helpers/kernel';
 import { TIME_SCALE, waitFor } from '../helpers/flows';
 import { manifest, Manifest, podmanRunOf, withFlag } from '../helpers/podman';
+import { freePort } from '../helpers/stream';
 import { Lab } from '../../src/lab/lab';
 import { connect } from '../../src/client/node';
 import { svctrace } from '../../src/gen/svctrace';
@@ -32,16 +32,6 @@ const MACHINE_FLAGS = ['--runtime', 'runc', '--ulimit', 'nofile=1024:1024', '--u
 const NODE_NAME = 'svt-image-node';
 
 const missing = ['podman', 'mmdebstrap'].filter((tool) => spawnSync(tool, ['--version'], { stdio: 'ignore' }).status !== 0);
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer().listen(0, '127.0.0.1', () => {
-      const { port } = s.address() as net.AddressInfo;
-      s.close(() => resolve(port));
-    });
-    s.once('error', reject);
-  });
-}
 
 function healthz(port: number): Promise<number> {
   return new Promise((resolve) => {

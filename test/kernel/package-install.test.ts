@@ -132,7 +132,7 @@ describe('the npm package on a clean Debian root with only Node (kernel)', () =>
     for (const id of ['ringbuf', 'tpBtf', 'backend']) assert.equal(check(id)?.ok, true, `${id}: ${check(id)?.detail}`);
   });
 
-  kernelTest('svctrace trace on the clean root: every curl to the ClusterIP, DNATed to the pod that served it', async (t) => {
+  kernelTest('svctrace trace on the clean root: every curl to the ClusterIP, DNATed to the pod that served it; explain says no rule reader is installed', async (t) => {
     if (unavailable) return t.skip(unavailable);
     const web = lab!.service('web');
     const trace = inRoot(root, ['svctrace', 'trace', '--netns', lab!.nodeNetns, '--service', `${web.clusterIP}:${web.port}`, '-o', 'json', '--duration', String(6 * TIME_SCALE)]);
@@ -147,6 +147,10 @@ describe('the npm package on a clean Debian root with only Node (kernel)', () =>
     assert.match(trace.err(), /none of nft, iptables-save, iptables-legacy-save, ipvsadm is installed/);
     const lines = trace.out().trim().split('\n').filter(Boolean).map((l) => JSON.parse(l) as { diagnosis?: { code: string }; stage?: string; packet?: { src?: string; srcPort?: number; dst?: string } });
     assert.deepEqual(lines.filter((l) => l.diagnosis).map((l) => l.diagnosis!.code), []);
+    // explain needs the rules: without a reader it says so and exits 9, not "rules missing".
+    const explain = inRoot(root, ['svctrace', 'explain', '--netns', lab!.nodeNetns, `${web.clusterIP}:${web.port}`]);
+    assert.equal(await explain.done, 9, explain.out() + explain.err());
+    assert.match(explain.err(), /cannot read the node's kube-proxy rules: none of nft, iptables-save, iptables-legacy-save, ipvsadm is installed/);
     for (const s of lab!.served.slice(served)) {
       const [client, port] = s.client.split(':');
       const pod = lab!.pods.find((p) => p.name === s.pod)!;

@@ -11,13 +11,13 @@ import assert from 'node:assert/strict';
 import { ChildProcess, execFileSync, spawn } from 'node:child_process';
 import fs from 'node:fs';
 import http from 'node:http';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { kernelTest, IS_ROOT } from '../helpers/kernel';
 import { waitFor } from '../helpers/flows';
 import { Lab } from '../../src/lab/lab';
 import { curlEach } from '../helpers/lab-traffic';
+import { freePort } from '../helpers/stream';
 
 const ROOT = path.resolve(__dirname, '..', '..', '..');
 const CLI = path.join(ROOT, 'bin', 'svctrace.js');
@@ -34,18 +34,6 @@ function get(url: string): Promise<string> {
         res.on('end', () => (res.statusCode === 200 ? resolve(body) : reject(new Error(`${url}: HTTP ${res.statusCode}: ${body.slice(0, 200)}`))));
       })
       .on('error', reject);
-  });
-}
-
-/** A loopback port nothing listens on now (for Prometheus, which cannot report a port it picked). */
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const port = (s.address() as net.AddressInfo).port;
-      s.close(() => resolve(port));
-    });
   });
 }
 
