@@ -93,8 +93,10 @@ export interface Wrk {
  * serve dies; `ip netns exec` execs wrk, so the PID is wrk's own.
  */
 export async function startStorm(lab: Lab, seconds: number): Promise<Wrk> {
-  // New connections at this rate need ports in TIME_WAIT reused (lab client namespace only).
-  await runIn(lab.clientNetns, ['sysctl', '-qw', 'net.ipv4.tcp_tw_reuse=1', 'net.ipv4.ip_local_port_range=1024 65000']);
+  // New connections at this rate need ports in TIME_WAIT reused, with
+  // timestamps the pods' TIME_WAIT sockets accept (see datapath.ts; lab
+  // client namespace only).
+  await runIn(lab.clientNetns, ['sysctl', '-qw', 'net.ipv4.tcp_tw_reuse=1', 'net.ipv4.ip_local_port_range=1024 65000', 'net.ipv4.tcp_timestamps=2']);
   const child = spawn('ip', ['netns', 'exec', lab.clientNetns, 'wrk', '-t2', '-c64', `-d${seconds}s`, '-H', 'Connection: close', 'http://10.96.0.100/'], {
     stdio: ['ignore', 'pipe', 'pipe'],
   });

@@ -31,6 +31,16 @@
  * when JavaScript is behind, and what does not fit is counted by the kernel.
  */
 #define SVT_RINGBUF_BYTES (16 * 1024 * 1024)
+/*
+ * The reader is woken by the kernel only once this many bytes wait in the
+ * ring; below that it finds them at its next poll, at most SVT_POLL_MS later
+ * while records are coming. Left to itself, the ring wakes its reader for
+ * every record written while the reader is caught up: under steady traffic
+ * that is one wakeup (an inter-processor interrupt and two context switches)
+ * per packet, which cost short connections more than the programs did.
+ */
+#define SVT_WAKEUP_BYTES (64 * 1024)
+#define SVT_POLL_MS 5
 /* Default interval of the periodic per-flow counter records (ns). */
 #define SVT_STATS_INTERVAL_NS 1000000000ULL
 

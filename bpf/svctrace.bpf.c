@@ -237,7 +237,7 @@ static __always_inline bool emit_flow_stats(__u64 ct_id, struct svt_flow_counter
 	r->_pad = 0;
 	__builtin_memcpy(&r->c, c, sizeof(r->c));
 	svt_count(SVT_CNT_EVENTS);
-	bpf_ringbuf_submit(r, 0);
+	bpf_ringbuf_submit(r, svt_wakeup_flag(sizeof(*r)));
 	return true;
 }
 

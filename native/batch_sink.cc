@@ -1,6 +1,13 @@
 #include "batch_sink.h"
 
 #include <stdio.h>
+#include <string.h>
+
+#include <algorithm>
+
+#include <linux/types.h>
+
+#include "events.h"
 
 namespace svt {
 
@@ -28,10 +35,31 @@ void InFlight::Done() {
   cv.notify_all();
 }
 
+void InFlight::Recycle(std::vector<uint8_t>&& bytes) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (spare.size() > kMaxInFlight) return;  // freed with `bytes`
+  bytes.clear();
+  spare.push_back(std::move(bytes));
+}
+
+std::vector<uint8_t> InFlight::TakeSpare(size_t reserve) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!spare.empty()) {
+      std::vector<uint8_t> v = std::move(spare.back());
+      spare.pop_back();
+      return v;
+    }
+  }
+  std::vector<uint8_t> v;
+  v.reserve(reserve);
+  return v;
+}
+
 BatchSink::BatchSink(Napi::Env env, Napi::Function on_batch, const char* name, Channel channel) : channel_(channel) {
   // Queue size 0 (unbounded) at the TSFN: the bound is ours (kMaxInFlight).
-  tsfn_ = Tsfn::New(env, on_batch, name, 0, 1);
-  pending_.bytes.reserve(kFlushBytes);
+  tsfn_ = Tsfn::New(env, on_batch, name, 0, 1, new JsSide(), [](Napi::Env, void*, JsSide* js) { delete js; });
+  pending_.bytes = in_flight_->TakeSpare(kFlushBytes);
 }
 
 void BatchSink::Append(const void* record, size_t size) {
@@ -75,7 +103,7 @@ bool BatchSink::Flush() {
     batches_++;
   }
   pending_ = Batch();
-  pending_.bytes.reserve(kFlushBytes);
+  pending_.bytes = in_flight_->TakeSpare(kFlushBytes);
   return true;
 }
 
@@ -92,14 +120,21 @@ void BatchSink::Close() {
   tsfn_.Release();
 }
 
-void BatchSink::CallJs(Napi::Env env, Napi::Function fn, std::nullptr_t*, Batch* batch) {
-  if (env != nullptr && fn != nullptr) {
+void BatchSink::CallJs(Napi::Env env, Napi::Function fn, JsSide* js, Batch* batch) {
+  if (env != nullptr && fn != nullptr && js != nullptr) {
     try {
-      // A copy in memory V8 accounts for: its GC then sees what JS holds
-      // (external memory handed over with a finalizer is invisible to it,
-      // and piled up unbounded under load).
-      auto buf = Napi::Buffer<uint8_t>::Copy(env, batch->bytes.data(), batch->bytes.size());
-      fn.Call({buf, Napi::Number::New(env, batch->count), Napi::Number::New(env, (double)batch->channel)});
+      // A copy into memory V8 owns and accounts for (external memory handed
+      // over with a finalizer is invisible to its GC, and piled up unbounded
+      // under load), reused for every batch (see JsSide).
+      const size_t size = batch->bytes.size();
+      if (js->buffer.IsEmpty() || js->capacity < size) {
+        js->capacity = std::max(size, kMaxPendingBytes + sizeof(svt_event_cap));
+        js->buffer = Napi::Persistent(Napi::ArrayBuffer::New(env, js->capacity));
+      }
+      Napi::ArrayBuffer ab = js->buffer.Value();
+      memcpy(ab.Data(), batch->bytes.data(), size);
+      auto view = Napi::Uint8Array::New(env, size, ab, 0);
+      fn.Call({view, Napi::Number::New(env, batch->count), Napi::Number::New(env, (double)batch->channel)});
     } catch (const Napi::Error& e) {
       // The TS wrapper never lets its handler throw; if it does anyway, say
       // so rather than unwinding into Node's thread-safe-function machinery.
@@ -119,10 +154,12 @@ void BatchSink::CallJs(Napi::Env env, Napi::Function fn, std::nullptr_t*, Batch*
       f.turn_start = now;
     }
     if (now - f.turn_start >= kMaxTurn && ReleaseOnNextTurn(env, batch->in_flight)) {
+      batch->in_flight->Recycle(std::move(batch->bytes));
       delete batch;
       return;
     }
   }
+  batch->in_flight->Recycle(std::move(batch->bytes));
   batch->in_flight->Done();
   delete batch;
 }

@@ -28,6 +28,12 @@ struct InFlight {
   std::condition_variable cv;
   uint32_t count = 0;
   void Done();
+  // Record buffers of delivered batches, reused by the producer: a fresh
+  // 256 KiB buffer per batch was a fresh mapping, its page faults, and an
+  // unmap from another thread (a TLB shootdown) with every batch.
+  std::vector<std::vector<uint8_t>> spare;
+  void Recycle(std::vector<uint8_t>&& bytes);
+  std::vector<uint8_t> TakeSpare(size_t reserve);
   // Touched on the JS thread only: when JS started handling batches without
   // the event loop turning in between (see BatchSink::CallJs).
   bool in_turn = false;
@@ -37,6 +43,18 @@ struct InFlight {
 // Which source a batch comes from, passed to JS as the callback's third
 // argument: user space orders the conntrack channel against the ring by time.
 enum class Channel : uint32_t { kRing = 0, kNetlink = 1 };
+
+// The JS side of a sink, touched on the JS thread only: one buffer V8
+// owns, into which each batch is copied just before the callback, which
+// gets a view of it valid for the call (it must copy what it keeps). A new
+// buffer per batch cost a fresh mapping, its page faults and an unmap with
+// every batch (blocks this large are mapped on their own, see addon.cc);
+// reusing one keeps the copy and nothing else. Freed with the thread-safe
+// function, on the JS thread.
+struct JsSide {
+  Napi::Reference<Napi::ArrayBuffer> buffer;
+  size_t capacity = 0;
+};
 
 struct Batch {
   std::vector<uint8_t> bytes;
@@ -71,9 +89,9 @@ class BatchSink {
   uint64_t lost_at_close() const { return lost_at_close_.load(); }
 
  private:
-  static void CallJs(Napi::Env env, Napi::Function fn, std::nullptr_t*, Batch* batch);
+  static void CallJs(Napi::Env env, Napi::Function fn, JsSide* js, Batch* batch);
   static bool ReleaseOnNextTurn(Napi::Env env, const std::shared_ptr<InFlight>& in_flight);
-  using Tsfn = Napi::TypedThreadSafeFunction<std::nullptr_t, Batch, CallJs>;
+  using Tsfn = Napi::TypedThreadSafeFunction<JsSide, Batch, CallJs>;
 
   Tsfn tsfn_;
   bool closed_ = false;

@@ -10,12 +10,20 @@
 #include <vector>
 
 #include "errors.h"
+#include "events.h"
 #include "netns.h"
 
 namespace svt {
 
 namespace {
 constexpr int kPollMs = 50;
+// After a drain that found messages, let the next ones gather this long
+// before waiting again. The kernel sends each conntrack or trace message on
+// its own and wakes the reader for each: on a busy node that was a thread
+// wakeup (an inter-processor interrupt, two context switches) per new
+// connection, several per connection for rule traces. The socket buffer
+// (4 MiB) holds far more than arrives in this time.
+constexpr auto kGather = std::chrono::milliseconds(SVT_POLL_MS);
 }  // namespace
 
 uint64_t MonotonicNs() {
@@ -89,6 +97,7 @@ void NetlinkListener::Run() {
     int pr = poll(&pfd, 1, sink_->pending() ? 2 : kPollMs);
     if (pr > 0) {
       // Drain what is queued (while the batch has room), then flush once.
+      bool got = false;
       while (!sink_->Full()) {
         ssize_t n = recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
         if (n < 0) {
@@ -98,10 +107,14 @@ void NetlinkListener::Run() {
           }
           break;
         }
+        got = true;
         const nlmsghdr* nlh = reinterpret_cast<const nlmsghdr*>(buf.data());
         int len = (int)n;
         for (; mnl_nlmsg_ok(nlh, len); nlh = mnl_nlmsg_next(nlh, &len)) Handle(nlh);
       }
+      if (sink_->Due()) sink_->Flush();
+      if (got && !stop_.load()) std::this_thread::sleep_for(kGather);
+      continue;
     }
     if (sink_->Due()) sink_->Flush();
   }

@@ -15,9 +15,14 @@
 namespace svt {
 
 namespace {
-// Poll timeout while a batch is pending vs idle.
+// Poll timeout while a batch is pending; while records came in the last
+// kActiveFor (the kernel wakes the reader only for SVT_WAKEUP_BYTES, so
+// smaller amounts are found by polling); and when idle. An idle tracer
+// wakes 20 times a second, and its first record waits at most kPollIdleMs.
 constexpr int kPollBusyMs = 2;
-constexpr int kPollIdleMs = 100;
+constexpr int kPollActiveMs = SVT_POLL_MS;
+constexpr int kPollIdleMs = 50;
+constexpr auto kActiveFor = std::chrono::seconds(1);
 // The largest record our BPF object writes: a wrapped record is reassembled
 // in a buffer of this size.
 constexpr size_t kMaxRecord = sizeof(svt_event_cap);
@@ -147,6 +152,7 @@ size_t RingReader::Consume() {
 }
 
 void RingReader::Run() {
+  auto last_record = std::chrono::steady_clock::now() - kActiveFor;
   while (!stop_.load()) {
     if (sink_->Full() && !sink_->Flush()) {
       // JS holds as many batches as it may: leave the records in the ring.
@@ -154,11 +160,15 @@ void RingReader::Run() {
       sink_->WaitForRoom(std::chrono::milliseconds(kPollIdleMs));
       continue;
     }
-    if (Consume() == 0 && !sink_->Full()) {
-      // Empty: sleep until the kernel says there is data (or a pending
-      // batch falls due). Level-triggered: records left behind wake it at once.
+    const size_t taken = Consume();
+    const auto now = std::chrono::steady_clock::now();
+    if (taken) last_record = now;
+    if (taken == 0 && !sink_->Full()) {
+      // Empty: sleep until the kernel says a batch's worth is waiting, or
+      // the next poll. Level-triggered: records left behind wake it at once.
+      const int timeout = sink_->pending() ? kPollBusyMs : now - last_record < kActiveFor ? kPollActiveMs : kPollIdleMs;
       epoll_event ev;
-      int n = epoll_wait(epoll_fd_, &ev, 1, sink_->pending() ? kPollBusyMs : kPollIdleMs);
+      int n = epoll_wait(epoll_fd_, &ev, 1, timeout);
       if (n < 0 && errno != EINTR) break;
     }
     if (sink_->Due()) sink_->Flush();

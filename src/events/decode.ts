@@ -5,6 +5,7 @@
  */
 import os from 'node:os';
 import { EVENT, EVENT_CAP_SIZE, EventKind, FLOW_COUNTERS, FLOW_STATS, NFTRACE, TUPLE } from './layout';
+import { intern } from '../intern';
 
 if (os.endianness() !== 'LE') {
   // The ABI is host order; the decoder reads little-endian. Say so loudly.
@@ -140,7 +141,8 @@ function ctKeyAt(dv: DataView, o: number): number {
 }
 
 const hexCache = new Map<number, { hi: number; text: string }>();
-const HEX_CACHE_MAX = 65536;
+/** Events of one flow come close together: a few thousand recent flows give the hits, and cost under 1 MB. */
+const HEX_CACHE_MAX = 8192;
 
 function ctHex(dv: DataView, o: number, key: number): string {
   if (key === 0 && dv.getUint32(o + 4, true) === 0) return '';
@@ -207,7 +209,8 @@ function decodeAt(dv: DataView, b: Uint8Array, o: number): KernelEvent {
   };
   if (size === EVENT_CAP_SIZE && capLen > 0) {
     if (capLen > EVENT_CAP_SIZE - EVENT.size) throw new DecodeError(`record at offset ${o} claims ${capLen} captured bytes`);
-    e.capture = b.slice(o + EVENT.size, o + EVENT.size + capLen);
+    // A copy: the batch is the addon's buffer, reused for the next batch.
+    e.capture = Uint8Array.prototype.slice.call(b, o + EVENT.size, o + EVENT.size + capLen);
   }
   return e;
 }
@@ -284,6 +287,7 @@ export interface RuleTrace {
 
 const N = NFTRACE.fields;
 
+
 /** Decodes a batch of svt_nftrace records. */
 export function decodeRuleTraces(buf: Uint8Array): RuleTrace[] {
   if (buf.byteLength % NFTRACE.size !== 0) throw new DecodeError(`rule trace batch of ${buf.byteLength} bytes is not a multiple of ${NFTRACE.size}`);
@@ -298,9 +302,9 @@ export function decodeRuleTraces(buf: Uint8Array): RuleTrace[] {
       type: dv.getUint32(o + N.type[0], true),
       verdict: dv.getInt32(o + N.verdict[0], true),
       netnsIno: dv.getUint32(o + N.netns_ino[0], true),
-      table: cString(buf, o + N.table[0], N.table[1]),
-      chain: cString(buf, o + N.chain[0], N.chain[1]),
-      target: cString(buf, o + N.target[0], N.target[1]),
+      table: intern(cString(buf, o + N.table[0], N.table[1])),
+      chain: intern(cString(buf, o + N.chain[0], N.chain[1])),
+      target: intern(cString(buf, o + N.target[0], N.target[1])),
     });
   }
   return out;

@@ -140,6 +140,9 @@ export function tcpStateLeft(e: KernelEvent, prevState: number, newState: number
  * from the NAT base chain to the chain that DNATed (kube-proxy's filter
  * chains and the SNAT chains after it are other stages), or undefined.
  */
+/** Names of svctrace's own nftables tables that mark new connections for tracing (pipeline/rule-marker). */
+export const MARKER_TABLE_PREFIX = 'svctrace_';
+
 /** enum nft_trace_types and the netfilter verdict of a trace message (see events/decode RuleTrace). */
 const NFT_TRACETYPE_POLICY = 1;
 const NFT_TRACETYPE_RULE = 3;
@@ -154,7 +157,7 @@ export function rulePathOf(group: RuleTrace[]): { path: string[]; table: string;
   // that REJECTs a Service without endpoints, or a NetworkPolicy chain.
   let dropped: RuleTrace | undefined;
   for (const t of group) {
-    if (t.table.startsWith('svctrace_')) continue; // our own marking table
+    if (t.table.startsWith(MARKER_TABLE_PREFIX)) continue; // our own marking table
     if (!dropped && t.verdict === NF_DROP_VERDICT && (t.type === NFT_TRACETYPE_RULE || t.type === NFT_TRACETYPE_POLICY)) dropped = t;
     if (t.table !== 'nat' && t.table !== 'kube-proxy') continue;
     if (/^(KUBE-MARK-MASQ|mark-for-masquerade)$/.test(t.chain)) {

@@ -16,7 +16,7 @@ import { destTranslated, IPS_CONFIRMED, IPS_DST_NAT, IPS_SRC_NAT } from '../even
 import { wallNs } from '../clock';
 import { TCP_CT_STATES } from '../events/conntrack';
 import { longFromBigint, protoTuple, toProtoEvent } from './to-proto';
-import { BENIGN_DROPS, Classification, classifyEvent, inferredRulePathSummary, rulePathOf, tcpStateLeft } from './classify';
+import { BENIGN_DROPS, Classification, classifyEvent, inferredRulePathSummary, MARKER_TABLE_PREFIX, rulePathOf, tcpStateLeft } from './classify';
 import { serviceLabelById } from './service-ids';
 import { endpoint, flat, internKey, sameTuple, tupleKey } from './tuple';
 import type { Flow, FlowSummary, FlowTableOptions, FlowTableView, Ingested, TimelineEntry } from './types';
@@ -41,9 +41,9 @@ export class FlowTable implements FlowTableView {
   /** Rule traces that were waiting for a flow, emitted right after its first event. */
   private readonly deferred: Ingested[] = [];
   /** Rule traces that arrived before their flow's first kernel event, by tuple index key. */
-  private readonly pendingTraces = new Map<string, { at: number; traces: RuleTrace[] }>();
+  private readonly pendingTraces = new Map<string, PendingTraces>();
   /** The same, keyed as the backend receives the packet (a trace from a pod's namespace that came before its flow's DNAT). */
-  private readonly pendingBackendTraces = new Map<string, { at: number; traces: RuleTrace[] }>();
+  private readonly pendingBackendTraces = new Map<string, PendingTraces>();
 
   constructor(opts: FlowTableOptions) {
     this.opts = {
@@ -235,9 +235,15 @@ export class FlowTable implements FlowTableView {
    * becomes one RULE_TRACE event of its flow (the first packet's only).
    */
   ingestRuleTraces(traces: RuleTrace[], nowMs = Date.now()): Ingested[] {
-    for (const pending of [this.pendingTraces, this.pendingBackendTraces]) for (const [k, v] of pending) if (nowMs - v.at > 5000) pending.delete(k);
+    this.expirePendingTraces(nowMs);
     const byTrace = new Map<number, RuleTrace[]>();
-    for (const t of traces) byTrace.set(t.traceId, [...(byTrace.get(t.traceId) ?? []), t]);
+    for (const t of traces) {
+      // Our own marking table's trace tells nothing of the path (rulePathOf skips it): not kept while waiting.
+      if (t.table.startsWith(MARKER_TABLE_PREFIX)) continue;
+      const group = byTrace.get(t.traceId);
+      if (group) group.push(t);
+      else byTrace.set(t.traceId, [t]);
+    }
     const out: Ingested[] = [];
     for (const group of byTrace.values()) {
       const first = group[0]!;
@@ -253,13 +259,16 @@ export class FlowTable implements FlowTableView {
           if (r) out.push(r);
           continue;
         }
-        const p = this.pendingTraces.get(key) ?? { at: nowMs, traces: [] };
-        p.traces.push(...group);
-        if (this.pendingTraces.size < 10_000) this.pendingTraces.set(key, p);
+        // One packet's traces wait (its path is the flow's): a later packet
+        // of the same tuple (a retransmitted SYN, or a new connection reusing
+        // the ports of one whose events were lost) takes the place.
+        const p = this.pendingTraces.get(key);
+        if (p && p.traces[0]!.traceId === first.traceId) p.traces.push(...group);
+        else if (p || this.pendingTraces.size < 10_000) this.pendingTraces.set(key, { at: nowMs, tsNs: first.tsNs, traces: group });
         // Or it was traced where the backend receives it, before its flow's
         // DNAT reached us: only a drop is news there, so only a group with a
         // drop verdict waits (parking every group held tens of MB in a storm).
-        if (this.pendingBackendTraces.size < 10_000 && rulePathOf(group)?.droppedBy) this.pendingBackendTraces.set(tupleKey(first.pkt), { at: nowMs, traces: group });
+        if (this.pendingBackendTraces.size < 10_000 && rulePathOf(group)?.droppedBy) this.pendingBackendTraces.set(tupleKey(first.pkt), { at: nowMs, tsNs: first.tsNs, traces: group });
         continue;
       }
       const r = this.attachRuleTrace(f, group);
@@ -504,7 +513,29 @@ export class FlowTable implements FlowTableView {
   }
 
   /** Removes flows closed longer than the grace period or idle too long; returns them. */
-  expire(nowNs: bigint): Flow[] {
+  /**
+   * Traces stop waiting for their flow once the ring buffer has delivered
+   * everything up to a second past their arrival: a flow's first event is
+   * written before its packet reaches the rules, so if it is not here by
+   * then it was lost in the ring (counted there), and its traces never will
+   * be matched. Or after 5 s, whatever the ring does. Either way the maps
+   * hold at most the ring's backlog of new connections, and 10,000 each.
+   */
+  private expirePendingTraces(nowMs: number, deliveredNs?: bigint): void {
+    for (const pending of [this.pendingTraces, this.pendingBackendTraces]) {
+      for (const [k, v] of pending) {
+        if (nowMs - v.at > PENDING_TRACE_MAX_MS || (deliveredNs !== undefined && deliveredNs - v.tsNs > PENDING_TRACE_DELIVERED_NS)) pending.delete(k);
+      }
+    }
+  }
+
+  /** Rule traces waiting for their flow (both keys), for tests and status. */
+  get pendingTraceGroups(): number {
+    return this.pendingTraces.size + this.pendingBackendTraces.size;
+  }
+
+  expire(nowNs: bigint, nowMs = Date.now()): Flow[] {
+    this.expirePendingTraces(nowMs, nowNs);
     const graceNs = BigInt(this.opts.closeGraceMs) * 1_000_000n;
     const idleNs = BigInt(this.opts.idleMs) * 1_000_000n;
     const gone: Flow[] = [];
@@ -515,6 +546,18 @@ export class FlowTable implements FlowTableView {
     return gone;
   }
 }
+
+/** Rule traces waiting for their flow's first event (see expirePendingTraces). */
+interface PendingTraces {
+  /** Wall clock when the first trace came. */
+  at: number;
+  /** Monotonic time the trace message was received (after the packet's ring record was written). */
+  tsNs: bigint;
+  traces: RuleTrace[];
+}
+
+const PENDING_TRACE_MAX_MS = 5000;
+const PENDING_TRACE_DELIVERED_NS = 1_000_000_000n;
 
 /** enum tcp_conntrack (events/conntrack TCP_CT_STATES). */
 const TCP_SYN_SENT = 1;

@@ -100,11 +100,13 @@ export interface NativeTracer {
   setServices(services: NativeService[]): number;
   attachNetfilter(netnsPath: string): { netnsIno: number; links: number };
   /** channel: 0 the BPF ring buffer, 1 a conntrack netlink listener (native/batch_sink.h). */
-  start(onBatch: (batch: Buffer, count: number, channel: number) => void): void;
+  /** `batch` is the addon's buffer, valid during the call only (reused for the next batch): copy what you keep. */
+  start(onBatch: (batch: Uint8Array, count: number, channel: number) => void): void;
   stats(): NativeStats;
   close(): void;
   /** Reads nftables trace messages in a namespace: batches of struct svt_nftrace. */
-  traceRules(netnsPath: string, onBatch: (batch: Buffer, count: number) => void): void;
+  /** As for `start`: `batch` is valid during the call only. */
+  traceRules(netnsPath: string, onBatch: (batch: Uint8Array, count: number) => void): void;
   /** Removes the kernel state of flows idle for idleMs; returns their final counters (svt_flow_stats records). */
   expireFlowState(idleMs: number): Buffer;
   /** Every tracked flow's counters now (svt_flow_stats records, periodic). */

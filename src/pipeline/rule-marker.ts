@@ -8,8 +8,9 @@
 import fs from 'node:fs';
 import { ServiceSpec } from '../net/ipv4';
 import { runInNetnsSync } from '../netns/netns';
+import { MARKER_TABLE_PREFIX } from '../flows/classify';
 
-const MARKER_TABLE = /^svctrace_(\d+)$/;
+const MARKER_TABLE = new RegExp(`^${MARKER_TABLE_PREFIX}(\\d+)$`);
 
 /**
  * Marker tables whose svctrace is gone (killed with -9, or its namespace
@@ -47,7 +48,7 @@ export function svctraceAlive(pid: number): boolean {
 }
 
 export function markerTableName(): string {
-  return `svctrace_${process.pid}`;
+  return `${MARKER_TABLE_PREFIX}${process.pid}`;
 }
 
 /** Synchronous: removal also runs on process exit. */
@@ -55,12 +56,20 @@ function nft(netnsPath: string, args: string[], input?: string): void {
   runInNetnsSync(netnsPath, ['nft', ...args], { input });
 }
 
+/**
+ * New connections marked for tracing per second, per service and hook (with
+ * a burst as large). Each traced packet costs about ten netlink messages,
+ * built by the kernel in the packet's path: tracing every new connection
+ * took a fifth of a busy Service's short-connection rate (datapath
+ * benchmark). An incident's connections are well within it; past it, a
+ * storm's connections have no observed rule path (their flows and events
+ * are unchanged), and the kube-proxy path of a backend is the same for all.
+ */
+export const MARKED_CONNECTIONS_PER_SECOND = 100;
+
 export function markerScript(table: string, services: ServiceSpec[]): string {
-  const rules = services.map((s) =>
-    s.address
-      ? `ip daddr ${s.address} ${s.proto} dport ${s.port} ct state new meta nftrace set 1`
-      : `fib daddr type local ${s.proto} dport ${s.port} ct state new meta nftrace set 1`,
-  );
+  const mark = `ct state new limit rate ${MARKED_CONNECTIONS_PER_SECOND}/second burst ${MARKED_CONNECTIONS_PER_SECOND} packets meta nftrace set 1`;
+  const rules = services.map((s) => (s.address ? `ip daddr ${s.address} ${s.proto} dport ${s.port} ${mark}` : `fib daddr type local ${s.proto} dport ${s.port} ${mark}`));
   const chain = (name: string, hook: string) => [`\tchain ${name} {`, `\t\ttype filter hook ${hook} priority -150; policy accept;`, ...rules.map((r) => `\t\t${r}`), '\t}'];
   return [`table ip ${table} {`, `\tcomment "svctrace: marks traced connections for nftables tracing; removed when svctrace exits"`, ...chain('prerouting', 'prerouting'), ...chain('output', 'output'), '}', ''].join('\n');
 }

@@ -10,8 +10,8 @@
 import WebSocket from 'ws';
 import { svctrace } from '../gen/svctrace';
 import { SvctraceError } from '../errors';
-import { compileFilter, EventPredicate } from './filter';
-import { decodeClientMessage, EncodedEvent, errorFrame, eventsFrame, serverFrame } from './frames';
+import { ACCEPT_ALL, compileFilter, EventPredicate } from './filter';
+import { decodeClientMessage, EncodedBatch, errorFrame, eventsFrame, serverFrame } from './frames';
 import { CLOSE, StreamLimits } from './limits';
 
 import pb = svctrace.v1;
@@ -24,14 +24,16 @@ interface QueuedFrame {
 export class ClientConn {
   readonly id: number;
   readonly remote: string;
-  private filter: EventPredicate = () => true;
+  private filter: EventPredicate = ACCEPT_ALL;
   /** The filter as the client sent it (null: everything); a relay forwards it to the node servers. */
   subscribed: pb.IFilter | null = null;
   wantsFlows = false;
   paused = false;
   sent = 0;
   dropped = 0;
-  private pending: EncodedEvent[] = [];
+  /** Ranges of encoded batches this client took, not yet framed, and how many events they hold. */
+  private pending: Uint8Array[] = [];
+  private pendingEvents = 0;
   private queue: QueuedFrame[] = [];
   private queueBytes = 0;
   private aboveSince: number | null = null;
@@ -62,6 +64,7 @@ export class ClientConn {
     if (this.closed) return;
     this.closed = true;
     this.pending = [];
+    this.pendingEvents = 0;
     this.queue = [];
     this.queueBytes = 0;
     this.hooks.onClose(this);
@@ -121,6 +124,7 @@ export class ClientConn {
       case 'pause':
         this.paused = true;
         this.pending = [];
+        this.pendingEvents = 0;
         break;
       case 'resume':
         this.paused = false;
@@ -131,20 +135,39 @@ export class ClientConn {
     }
   }
 
-  /** Takes the events of a batch this client wants. */
-  offer(events: EncodedEvent[]): void {
+  /**
+   * Takes the events of a batch this client wants: the whole batch as one
+   * range without a filter, else each run of wanted events as one range.
+   */
+  offer(batch: EncodedBatch): void {
     if (this.closed || this.paused) return;
-    for (const e of events) if (this.filter(e.event)) this.pending.push(e);
-    if (this.pending.length >= this.limits.flushEvents) this.flush();
+    const { events, bytes, ends } = batch;
+    if (this.filter === ACCEPT_ALL) {
+      this.pending.push(bytes);
+      this.pendingEvents += events.length;
+    } else {
+      let runStart = -1;
+      for (let i = 0; i <= events.length; i++) {
+        const wanted = i < events.length && this.filter(events[i]!);
+        if (wanted && runStart < 0) runStart = i;
+        if (!wanted && runStart >= 0) {
+          this.pending.push(bytes.subarray(runStart ? ends[runStart - 1] : 0, ends[i - 1]));
+          this.pendingEvents += i - runStart;
+          runStart = -1;
+        }
+      }
+    }
+    if (this.pendingEvents >= this.limits.flushEvents) this.flush();
   }
 
   /** Turns pending events into one frame and sends or queues it; then pumps. */
   flush(): void {
     if (this.closed) return;
-    if (this.pending.length) {
-      const events = this.pending;
+    if (this.pendingEvents) {
+      const frame = { bytes: eventsFrame(this.pending), events: this.pendingEvents };
       this.pending = [];
-      this.enqueue({ bytes: eventsFrame(events), events: events.length });
+      this.pendingEvents = 0;
+      this.enqueue(frame);
     }
     this.pump();
   }

@@ -11,11 +11,16 @@ import pb = svctrace.v1;
 
 export const PROTOCOL_VERSION = pb.ProtocolVersion.PROTOCOL_VERSION_1;
 
-/** An event with its encoded bytes, shared by all clients. */
-export interface EncodedEvent {
-  event: pb.IEvent;
-  /** The event as one EventBatch.events field (tag, length, message): frames are concatenations of these. */
+/**
+ * A batch of events encoded once, shared by all clients: `bytes` holds each
+ * event as one EventBatch.events field (tag, length, message), one after the
+ * other; event i is bytes[ends[i-1] .. ends[i]). Frames are concatenations
+ * of such ranges: a client that takes the whole batch takes one range.
+ */
+export interface EncodedBatch {
+  events: pb.IEvent[];
   bytes: Uint8Array;
+  ends: Uint32Array;
 }
 
 // Field numbers from the .proto: ServerMessage.version = 1,
@@ -27,33 +32,28 @@ const BATCH_EVENT_TAG = (1 << 3) | WIRE_LEN;
 /** One writer for every batch (encoding is synchronous): its buffer is reused. */
 const writer = new EventWriter();
 
-/**
- * Encodes a batch once, into one buffer: each event's bytes are a view of
- * it (no buffer per event, no second copy to frame them).
- */
-export function encodeEvents(events: pb.IEvent[]): EncodedEvent[] {
+/** Encodes a batch once, into one buffer (no buffer or view per event). */
+export function encodeEvents(events: pb.IEvent[]): EncodedBatch {
   const w = writer;
   w.reset();
-  const ends: number[] = new Array(events.length);
+  const ends = new Uint32Array(events.length);
   for (let i = 0; i < events.length; i++) {
     pb.Event.encode(events[i]!, w.uint32(BATCH_EVENT_TAG).fork().asWriter());
     w.ldelim();
     ends[i] = w.len;
   }
-  const buf = w.finish();
-  const out: EncodedEvent[] = new Array(events.length);
-  let start = 0;
-  for (let i = 0; i < events.length; i++) {
-    out[i] = { event: events[i]!, bytes: buf.subarray(start, ends[i]) };
-    start = ends[i]!;
-  }
-  return out;
+  return { events, bytes: w.finish(), ends };
 }
 
-/** A ServerMessage{events: EventBatch{events}} frame built from pre-encoded events. */
-export function eventsFrame(events: EncodedEvent[]): Uint8Array {
+/** Event i of a batch, as its EventBatch.events field. */
+export function eventBytes(batch: EncodedBatch, i: number): Uint8Array {
+  return batch.bytes.subarray(i ? batch.ends[i - 1] : 0, batch.ends[i]);
+}
+
+/** A ServerMessage{events: EventBatch{events}} frame built from ranges of encoded batches. */
+export function eventsFrame(ranges: readonly Uint8Array[]): Uint8Array {
   let total = 0;
-  for (const e of events) total += e.bytes.byteLength;
+  for (const r of ranges) total += r.byteLength;
   const header = protobuf.Writer.create()
     .uint32((1 << 3) | WIRE_VARINT)
     .uint32(PROTOCOL_VERSION)
@@ -63,9 +63,9 @@ export function eventsFrame(events: EncodedEvent[]): Uint8Array {
   const frame = new Uint8Array(header.byteLength + total);
   frame.set(header, 0);
   let o = header.byteLength;
-  for (const e of events) {
-    frame.set(e.bytes, o);
-    o += e.bytes.byteLength;
+  for (const r of ranges) {
+    frame.set(r, o);
+    o += r.byteLength;
   }
   return frame;
 }

@@ -9,7 +9,7 @@ import protobuf from 'protobufjs/minimal';
 import Long from 'long';
 import { svctrace } from '../../src/gen/svctrace';
 import { EventWriter } from '../../src/stream/event-writer';
-import { encodeEvents } from '../../src/stream/frames';
+import { encodeEvents, eventBytes } from '../../src/stream/frames';
 import { makeEvent } from '../helpers/stream';
 
 import pb = svctrace.v1;
@@ -91,8 +91,9 @@ describe('EventWriter', () => {
       ...Array.from({ length: 50 }, (_, i) => makeEvent(i * 7919)),
     ];
     const encoded = encodeEvents(events);
-    encoded.forEach((e, i) => assert.deepEqual(Buffer.from(e.bytes), Buffer.from(reference(events[i]!)), `event ${i}`));
-    assert.deepEqual(pb.Event.decode(encoded[0]!.bytes.subarray(3)).toJSON(), pb.Event.fromObject(everything).toJSON());
+    events.forEach((_, i) => assert.deepEqual(Buffer.from(eventBytes(encoded, i)), Buffer.from(reference(events[i]!)), `event ${i}`));
+    assert.equal(encoded.ends.at(-1), encoded.bytes.byteLength, 'the batch is its events, nothing else');
+    assert.deepEqual(pb.Event.decode(eventBytes(encoded, 0).subarray(3)).toJSON(), pb.Event.fromObject(everything).toJSON());
   });
 
   it('writes numbers as protobufjs does at every edge', () => {

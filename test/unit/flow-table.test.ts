@@ -1,7 +1,7 @@
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { FlowTable } from '../../src/flows/flow-table';
-import { FlowStatsRecord, Tuple } from '../../src/events/decode';
+import { FlowStatsRecord, RuleTrace, Tuple } from '../../src/events/decode';
 import { EventKind, NfStage, Dir, StatsReason } from '../../src/events/layout';
 import { IPS_CONFIRMED, IPS_DST_NAT, IPS_ASSURED, IPS_SEEN_REPLY, IPS_SRC_NAT } from '../../src/events/conntrack';
 import { parseServiceSpec } from '../../src/net/ipv4';
@@ -272,5 +272,42 @@ describe('FlowTable', () => {
     assert.deepEqual(t.indexSizes(), { byKey: 1, byTuple: 1, byBackendTuple: 1 });
     t.expire(10_000_000_000n);
     assert.deepEqual(t.indexSizes(), { byKey: 0, byTuple: 0, byBackendTuple: 0 }, 'a storm grew this index without bound');
+  });
+  describe('rule traces that come before their flow', () => {
+    const trace = (traceId: number, chain: string, tsNs = 50n): RuleTrace => ({ traceId, tsNs, pkt: orig, ruleHandle: 1n, type: 3, verdict: -3, netnsIno: 111, table: 'nat', chain, target: '' });
+    const pathOf = (t: FlowTable) => t.flows()[0]?.rulePath;
+
+    it('wait for the flow, and the marking table\'s own trace is not kept', () => {
+      const t = table();
+      assert.deepEqual(t.ingestRuleTraces([{ ...trace(7, 'output'), table: 'svctrace_1' }, trace(7, 'OUTPUT'), trace(7, 'KUBE-SERVICES')]), []);
+      t.ingestRuleTraces([trace(7, 'KUBE-SVC-X'), trace(7, 'KUBE-SEP-Y')]);
+      assert.equal(t.pendingTraceGroups, 1);
+      const items = t.ingest([ev({ tsNs: 100n })]);
+      assert.deepEqual(pathOf(t), ['OUTPUT', 'KUBE-SERVICES', 'KUBE-SVC-X', 'KUBE-SEP-Y'], 'one packet\'s traces, split over two batches');
+      assert.ok(items.some((i) => i.event.kind === pb.EventKind.EVENT_KIND_RULE_TRACE));
+      assert.equal(t.pendingTraceGroups, 0);
+    });
+
+    it('a later packet of the same tuple takes the place of the one waiting (its flow was lost)', () => {
+      const t = table();
+      t.ingestRuleTraces([trace(1, 'OUTPUT'), trace(1, 'KUBE-SERVICES'), trace(1, 'KUBE-SVC-OLD'), trace(1, 'KUBE-SEP-OLD')]);
+      t.ingestRuleTraces([trace(2, 'OUTPUT'), trace(2, 'KUBE-SERVICES'), trace(2, 'KUBE-SVC-X'), trace(2, 'KUBE-SEP-Y')]);
+      assert.equal(t.pendingTraceGroups, 1);
+      t.ingest([ev({ tsNs: 100n })]);
+      assert.deepEqual(pathOf(t), ['OUTPUT', 'KUBE-SERVICES', 'KUBE-SVC-X', 'KUBE-SEP-Y']);
+    });
+
+    it('stop waiting once the ring has delivered a second past them, or after 5 s', () => {
+      const t = table();
+      const now = Date.now();
+      t.ingestRuleTraces([trace(1, 'KUBE-SERVICES', 2_000_000_000n)], now);
+      t.expire(2_500_000_000n, now);
+      assert.equal(t.pendingTraceGroups, 1, 'the ring has not yet delivered past it: its flow may still come');
+      t.expire(3_000_000_001n, now);
+      assert.equal(t.pendingTraceGroups, 0, 'delivered a second past it: its flow was lost in the ring');
+      t.ingestRuleTraces([trace(2, 'KUBE-SERVICES', 9_000_000_000n)], now);
+      t.ingestRuleTraces([], now + 5001);
+      assert.equal(t.pendingTraceGroups, 0, 'five seconds, whatever the ring does');
+    });
   });
 });

@@ -32,7 +32,7 @@ function get(url: string, headers: Record<string, string> = {}): Promise<{ statu
 describe('frames', () => {
   it('an events frame built from pre-encoded events decodes as a ServerMessage with those events', () => {
     const events = [makeEvent(1), makeEvent(2, { stage: pb.Stage.STAGE_DROP, dropReasonName: 'NO_SOCKET' })];
-    const msg = pb.ServerMessage.decode(eventsFrame(encodeEvents(events)));
+    const msg = pb.ServerMessage.decode(eventsFrame([encodeEvents(events).bytes]));
     assert.equal(msg.version, pb.ProtocolVersion.PROTOCOL_VERSION_1);
     assert.equal(msg.body, 'events');
     assert.equal(msg.events!.events!.length, 2);
@@ -71,6 +71,9 @@ describe('stream server', () => {
     assert.ok(await waitFor(() => a.eventCount === wantA && b.eventCount === wantB, 3000), `a ${a.eventCount}/${wantA} b ${b.eventCount}/${wantB}`);
     assert.ok(a.events.every((e) => e.service === '10.96.0.10:53/udp'));
     assert.ok(b.events.every((e) => e.backend === '10.244.1.10:8080'));
+    // Each run of wanted events travels as one range of the encoded batch: the same events, in order.
+    assert.deepEqual(a.events.map((e) => Number(e.flowId)), events.filter((e) => e.service === '10.96.0.10:53/udp').map((e) => Number(e.flowId)));
+    assert.deepEqual(b.events.map((e) => Number(e.flowId)), events.filter((e) => e.backend === '10.244.1.10:8080').map((e) => Number(e.flowId)));
     a.ws.close();
     b.ws.close();
   });
