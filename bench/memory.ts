@@ -10,7 +10,7 @@ import WebSocket from 'ws';
 import { Lab } from '../src/lab/lab';
 import { parseWrk } from './datapath';
 import { fmt, rssOf, sleep, table, writeResult } from './common';
-import { hubDropped, neverReadingClient, parseServeSummary, ServeProc, shebang, startServe, startStorm, stopServe } from './storm';
+import { flowAccount, hubDropped, neverReadingClient, parseServeSummary, ServeProc, shebang, startServe, startStorm, stopServe } from './storm';
 
 const PLATEAU_TARGET_MB = 200;
 
@@ -58,25 +58,15 @@ export async function benchMemory(opts: { quick: boolean }): Promise<object> {
     const maxOf = (xs: typeof samples) => (xs.length ? Math.max(...xs.map((x) => x.rssMB)) : NaN);
     const firstMax = maxOf(samples.slice(0, half));
     const plateau = maxOf(samples.slice(half));
-    // Every connection wrk opened is a flow: the ones the pods served, and
-    // the ones wrk saw fail (connect/read errors, timeouts), which a pod
-    // never logged. Flows seen must fall within 1% of that range, or the
-    // shortfall be counted as lost: the kernel counts the flows none of whose
-    // records fit the ring buffer (flows_unseen). A connection attempt reset
-    // before a pod served it is a flow of its own (a conntrack entry: the
-    // client's SYN that met a pod port still in TIME_WAIT, answered with a
-    // challenge ACK, reset, and sent again as a new entry), not a served
-    // connection: flows with a reset widen the range. More is a flow model
-    // that split connections.
     const failed = Number.isFinite(w.errors) ? w.errors : 0;
     const flows = sum.flows;
     const unseen = sum.flowsUnseen ?? 0;
-    const resets = sum.resets ?? 0;
-    const short = flows === undefined ? served : Math.max(0, served - flows);
-    const uncounted = Math.max(0, short - unseen);
-    const extra = flows === undefined ? 0 : Math.max(0, flows + unseen - (served + failed + resets));
-    const flowsMatch = flows !== undefined && short <= served * 0.01 && extra <= served * 0.01;
-    const flowsCounted = flows !== undefined && uncounted <= served * 0.01 && extra <= served * 0.01;
+    const acct = flows === undefined ? undefined : flowAccount({ served, failed, flows, unseen, resets: sum.resets ?? 0 });
+    const short = acct?.short ?? served;
+    const uncounted = acct?.uncounted ?? served;
+    const extra = acct?.extra ?? 0;
+    const flowsMatch = acct?.matched ?? false;
+    const flowsCounted = acct?.counted ?? false;
     const flowsVerdict = flowsMatch
       ? 'met'
       : flowsCounted

@@ -122,6 +122,37 @@ export function parseServeSummary(stderr: string): { flows?: number; flowsUnseen
 }
 
 /**
+ * The flows serve saw against the connections of a storm. Every connection
+ * wrk opened is a flow: the ones the pods served, and the ones wrk saw fail
+ * (connect/read errors, timeouts), which a pod never logged. Flows seen must
+ * fall within 1% of that range, or the shortfall be counted as lost: the
+ * kernel counts the flows none of whose records fit the ring buffer
+ * (flows_unseen). A connection attempt reset before a pod served it is a
+ * flow of its own (a conntrack entry: the client's SYN that met a pod port
+ * still in TIME_WAIT, answered with a challenge ACK, reset, and sent again as
+ * a new entry), not a served connection: flows with a reset widen the range.
+ * More is a flow model that split connections.
+ */
+export function flowAccount(c: { served: number; failed: number; flows: number; unseen: number; resets: number }): {
+  /** Served connections serve has no flow for. */
+  short: number;
+  /** ... of which the kernel did not count as lost whole. */
+  uncounted: number;
+  /** Flows (seen or counted lost) past every connection: split connections. */
+  extra: number;
+  /** Seen within 1%. */
+  matched: boolean;
+  /** Seen, or counted as lost, within 1%. */
+  counted: boolean;
+} {
+  const short = Math.max(0, c.served - c.flows);
+  const uncounted = Math.max(0, short - c.unseen);
+  const extra = Math.max(0, c.flows + c.unseen - (c.served + c.failed + c.resets));
+  const margin = c.served * 0.01;
+  return { short, uncounted, extra, matched: short <= margin && extra <= margin, counted: uncounted <= margin && extra <= margin };
+}
+
+/**
  * Events the hub dropped for its connected clients (from /metrics). Undefined
  * when serve does not answer within 10 s or has no client any more: a client
  * stuck too long is disconnected and leaves the list, so callers poll and

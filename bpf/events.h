@@ -127,9 +127,22 @@ struct svt_event {
 	__u8 icmp_type;          /* ICMP packets (e.g. port unreachable for a REJECT) */
 	__u8 icmp_code;
 	__u16 cap_len;           /* bytes of the packet captured after the event (svt_event_cap) */
-	__u8 _pad[4];
+	__u32 ct_birth;          /* SVT_CT_BIRTH of the flow's state (0: not known here). See below. */
 };
 SVT_STATIC_ASSERT(sizeof(struct svt_event) == 160, "svt_event ABI changed");
+
+/*
+ * Which conntrack entry at an nf_conn address an event is of. An address is
+ * reused as soon as its entry is freed; in a storm a client reusing its port
+ * gets a new entry at the very address of the old one, with the same tuple.
+ * The address and the tuple then name two connections, and when the new
+ * one's first records did not fit the ring buffer, user space cannot tell
+ * its later records from the old one's. The birth is the low 32 bits of the
+ * state's first_ns (odd, so never 0): two entries at one address share it
+ * only if born a multiple of 2^32 ns apart to the nanosecond. Stats records
+ * carry first_ns itself; user space derives the same value from it.
+ */
+#define SVT_CT_BIRTH(first_ns) ((__u32)(first_ns) | 1U)
 
 /* Most bytes of a packet (from its IP header) an event can carry. */
 #define SVT_MAX_SNAPLEN 128

@@ -654,6 +654,8 @@ static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_
 			fill_dev(e, dev);
 			fill_skb(e, skb, nh);
 			fill_ct(e, ct, ctinfo);
+			if (st)
+				e->ct_birth = SVT_CT_BIRTH(st->first_ns);
 			/* The routing decision of the direction's first packet: later
 			 * packets reported for their TCP state or status take the
 			 * same route (a failed lookup is a drop, reported as one). */
@@ -1035,6 +1037,8 @@ static __always_inline int observe_drop(struct sk_buff *skb, __u32 reason, const
 		e->ct_id = ref->ct_id;
 		e->dir = ref->dir;
 	}
+	if (st)
+		e->ct_birth = SVT_CT_BIRTH(st->first_ns);
 	svt_submit(e);
 	if (st && !st->delivered)
 		st->delivered = 1;

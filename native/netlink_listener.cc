@@ -1,12 +1,14 @@
 #include "netlink_listener.h"
 
 #include <linux/netlink.h>
+#include <linux/sock_diag.h>
 #include <errno.h>
 #include <libmnl/libmnl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <time.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "errors.h"
@@ -76,6 +78,19 @@ void NetlinkListener::Stop() {
   stop_.store(true);
   if (thread_.joinable()) thread_.join();
   if (sink_) sink_->Close();
+}
+
+uint64_t NetlinkListener::overruns() const {
+  uint64_t errors = overruns_.load();
+  // SO_MEMINFO (Linux >= 4.6): SK_MEMINFO_DROPS is the socket's sk_drops,
+  // which a netlink overrun increments for each message it drops. ENOBUFS
+  // is reported once per congestion, however many messages were dropped.
+  __u32 mem[SK_MEMINFO_VARS] = {};
+  socklen_t len = sizeof(mem);
+  if (nl_ && getsockopt(mnl_socket_get_fd(nl_), SOL_SOCKET, SO_MEMINFO, mem, &len) == 0 &&
+      len > SK_MEMINFO_DROPS * sizeof(__u32))
+    return std::max<uint64_t>(errors, mem[SK_MEMINFO_DROPS]);
+  return errors;
 }
 
 void NetlinkListener::Emit(const void* record, size_t size) {

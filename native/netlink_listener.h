@@ -28,8 +28,10 @@ class NetlinkListener {
   void Stop();
 
   uint64_t events() const { return events_.load(); }
-  // Messages the kernel could not queue to us (ENOBUFS): events we missed.
-  uint64_t overruns() const { return overruns_.load(); }
+  // Messages the kernel could not queue to us: events we missed. The
+  // socket's own drop count (one per message), or, where the kernel does
+  // not tell it, the ENOBUFS errors read (one per burst of drops).
+  uint64_t overruns() const;
   // Records read but not handed to JS when the listener stopped.
   uint64_t lost_at_close() const { return sink_ ? sink_->lost_at_close() : 0; }
 

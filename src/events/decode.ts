@@ -57,6 +57,8 @@ export interface KernelEvent {
   linkKind: string;
   icmpType: number;
   icmpCode: number;
+  /** Which entry at the ct address this is (ctBirth of its state's first packet); 0 when the kernel had no state to say. */
+  ctBirth: number;
   /** The packet's first bytes from its IP header, when capture is on. */
   capture?: Uint8Array;
 }
@@ -84,6 +86,8 @@ export interface FlowStatsRecord {
   tcpFlags: [number, number];
   /** Some record of this flow reached the ring buffer before this one (false: this is the first user space hears of it). */
   delivered: boolean;
+  /** KernelEvent.ctBirth of this entry, from firstNs. */
+  ctBirth: number;
 }
 
 /** A decoded batch: the events, and the flows' counter records, each in kernel order. */
@@ -206,6 +210,7 @@ function decodeAt(dv: DataView, b: Uint8Array, o: number): KernelEvent {
     linkKind: cString(b, o + F.link_kind[0], F.link_kind[1]),
     icmpType: dv.getUint8(o + F.icmp_type[0]),
     icmpCode: dv.getUint8(o + F.icmp_code[0]),
+    ctBirth: dv.getUint32(o + F.ct_birth[0], true),
   };
   if (size === EVENT_CAP_SIZE && capLen > 0) {
     if (capLen > EVENT_CAP_SIZE - EVENT.size) throw new DecodeError(`record at offset ${o} claims ${capLen} captured bytes`);
@@ -225,6 +230,7 @@ function u64(dv: DataView, o: number): number {
 function decodeStatsAt(dv: DataView, b: Uint8Array, o: number): FlowStatsRecord {
   const c = o + S.c[0];
   const ctKey = ctKeyAt(dv, o + S.ct_id[0]);
+  const firstNs = dv.getBigUint64(c + C.first_ns[0], true);
   return {
     tsNs: dv.getBigUint64(o + S.ts_ns[0], true),
     ctId: ctHex(dv, o + S.ct_id[0], ctKey),
@@ -233,14 +239,20 @@ function decodeStatsAt(dv: DataView, b: Uint8Array, o: number): FlowStatsRecord 
     packets: [u64(dv, c + C.packets[0]), u64(dv, c + C.packets[0] + 8)],
     bytes: [u64(dv, c + C.bytes[0]), u64(dv, c + C.bytes[0] + 8)],
     drops: u64(dv, c + C.drops[0]),
-    firstNs: dv.getBigUint64(c + C.first_ns[0], true),
+    firstNs,
     lastNs: dv.getBigUint64(c + C.last_ns[0], true),
     orig: readTuple(dv, b, c + C.orig[0]),
     serviceId: dv.getUint32(c + C.service_id[0], true),
     netnsIno: dv.getUint32(c + C.netns_ino[0], true),
     tcpFlags: [dv.getUint8(c + C.tcp_flags[0]), dv.getUint8(c + C.tcp_flags[0] + 1)],
     delivered: dv.getUint8(c + C.delivered[0]) !== 0,
+    ctBirth: ctBirthOf(firstNs),
   };
+}
+
+/** SVT_CT_BIRTH (bpf/events.h): the birth stamp events carry, from a state's first_ns. */
+export function ctBirthOf(firstNs: bigint): number {
+  return (Number(firstNs & 0xffffffffn) | 1) >>> 0;
 }
 
 /**

@@ -43,6 +43,7 @@ export const EVENT = {
     icmp_type: [152, 1],
     icmp_code: [153, 1],
     cap_len: [154, 2],
+    ct_birth: [156, 4],
   },
 } as const;
 

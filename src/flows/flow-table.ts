@@ -124,7 +124,7 @@ export class FlowTable implements FlowTableView {
     // flow (the kernel writes them before the new entry's first event, so
     // the earlier flow, still in the table then, got them).
     let detached = false;
-    if (f && !sameTuple(f.orig, r.orig)) {
+    if (f && (!sameTuple(f.orig, r.orig) || (f.ctBirth !== 0 && f.ctBirth !== r.ctBirth))) {
       // Another entry's record. The flow at the address ended before that
       // entry began; or, older, is left be and the record's flow is made
       // apart (when it is one to make: see unseen).
@@ -135,8 +135,9 @@ export class FlowTable implements FlowTableView {
     }
     if (!f) {
       if (!this.unseen(r)) return undefined;
-      f = this.newFlow(key, { netnsIno: r.netnsIno, serviceId: r.serviceId, tsNs: r.firstNs, kind: EventKind.NF, ctReply: r.orig, ctId: r.ctId }, r.orig, !detached);
+      f = this.newFlow(key, { netnsIno: r.netnsIno, serviceId: r.serviceId, tsNs: r.firstNs, kind: EventKind.NF, ctReply: r.orig, ctId: r.ctId, ctBirth: r.ctBirth }, r.orig, !detached);
     }
+    f.ctBirth = r.ctBirth;
     f.packets = [r.packets[0], r.packets[1]];
     f.bytes = [r.bytes[0], r.bytes[1]];
     f.kernelDrops = r.drops;
@@ -191,7 +192,7 @@ export class FlowTable implements FlowTableView {
   }
 
   /** A flow, counted; in the table unless `indexed` is false (then the caller hands it to the sinks). */
-  private newFlow(key: number | string, e: Pick<KernelEvent, 'netnsIno' | 'serviceId' | 'tsNs' | 'kind' | 'ctReply' | 'ctId'>, orig: Tuple, indexed = true): Flow {
+  private newFlow(key: number | string, e: Pick<KernelEvent, 'netnsIno' | 'serviceId' | 'tsNs' | 'kind' | 'ctReply' | 'ctId' | 'ctBirth'>, orig: Tuple, indexed = true): Flow {
     if (indexed && this.byKey.size >= this.opts.maxFlows) this.evictOldest();
     const tupleIndexKey = flat(`${e.netnsIno}|${tupleKey(orig)}`);
     const f: Flow = {
@@ -204,6 +205,7 @@ export class FlowTable implements FlowTableView {
       orig,
       reply: e.ctReply.proto ? e.ctReply : orig,
       ctId: e.ctId,
+      ctBirth: e.ctBirth,
       nodeNetnsIno: e.kind === EventKind.NF ? e.netnsIno : 0,
       status: 0,
       tcpState: 0,
@@ -390,6 +392,17 @@ export class FlowTable implements FlowTableView {
     if (e.ctKey) {
       const key = e.ctKey;
       const f = this.byKey.get(key);
+      if (f && e.ctBirth && f.ctBirth) {
+        // The kernel says which entry each is: no guessing. Another
+        // entry's record is of a newer one (the ring is in order), unless
+        // the flow here was made from final counters that came by netlink
+        // ahead of a lagging ring: then the record is an older entry's, a
+        // flow already ended, whose own final counters make it (applyStats).
+        if (e.ctBirth === f.ctBirth) return f;
+        if (e.tsNs < f.firstTsNs) return undefined;
+        this.retire(f, e.tsNs);
+        return this.newFlowAt(key, e);
+      }
       const isNewEntry = e.kind === EventKind.NF && !(e.ctStatus & IPS_CONFIRMED);
       const sameEntry = f && (e.ctOrig.proto === 0 || sameTuple(e.ctOrig, f.orig));
       // A new entry at the address of a closed one starts after it was
@@ -399,14 +412,22 @@ export class FlowTable implements FlowTableView {
       // A new entry with the same tuple at the same address (a client
       // reusing its port) is told apart by the old one's confirmation.
       const reused = f && isNewEntry && ((f.status & IPS_CONFIRMED) !== 0 || (f.closed && (f.closedTsNs === undefined || e.tsNs > f.closedTsNs)));
-      if (f && sameEntry && !reused) return f;
+      if (f && sameEntry && !reused) {
+        if (!f.ctBirth) f.ctBirth = e.ctBirth;
+        return f;
+      }
       if (f) this.retire(f, e.tsNs); // the address was reused by a new entry
-      if (e.kind !== EventKind.NF && e.kind !== EventKind.DROP) return undefined; // nothing to anchor a new flow on
-      return this.newFlow(key, e, e.ctOrig.proto ? e.ctOrig : e.pkt);
+      return this.newFlowAt(key, e);
     }
     // A packet dropped before conntrack kept an entry: a flow of its own.
     const key = flat(`pkt:${tupleKey(e.pkt)}`);
     return this.byKey.get(key) ?? this.newFlow(key, e, e.pkt);
+  }
+
+  /** A new flow at a ct address from one of its events, if the event can anchor one. */
+  private newFlowAt(key: number, e: KernelEvent): Flow | undefined {
+    if (e.kind !== EventKind.NF && e.kind !== EventKind.DROP) return undefined; // nothing to anchor a new flow on
+    return this.newFlow(key, e, e.ctOrig.proto ? e.ctOrig : e.pkt);
   }
 
   private ingestOne(e: KernelEvent): Ingested | undefined {

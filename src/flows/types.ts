@@ -30,6 +30,8 @@ export interface Flow {
   /** Reply tuple: backend -> what the backend sees. */
   reply: Tuple;
   ctId: string;
+  /** Which entry at the ct address the flow is (KernelEvent.ctBirth); 0 until a record says. */
+  ctBirth: number;
   nodeNetnsIno: number;
   /** The backend "ip:port" once DNAT is known (made once, put on every event). */
   backend?: string;

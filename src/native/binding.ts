@@ -89,7 +89,9 @@ export interface NativeStats {
   activeFlows: number;
   ctDestroyEvents: number;
   ruleTraceEvents: number;
+  /** Conntrack DESTROY messages the kernel dropped for want of room in our socket (every one, where the kernel counts them). */
   ctOverruns: number;
+  /** The same for nftables trace messages. */
   ruleTraceOverruns: number;
   /** Netlink records read but not handed to JS when a listener stopped. */
   listenerLostAtClose: number;

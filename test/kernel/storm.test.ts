@@ -4,8 +4,9 @@
  * the web ClusterIP while wrk -t2 -c64 opens new connections (Connection:
  * close) for 20 s, with one WebSocket client that never reads. serve must
  * stay alive throughout, keep its memory bounded, and exit cleanly on SIGINT
- * with a summary that counts lost events. The same storm, longer, is
- * bench/memory.ts.
+ * with a summary that counts lost events; every connection the pods served
+ * is a flow serve saw or one the kernel counted as lost whole (within 1%).
+ * The same storm, longer, is bench/memory.ts.
  */
 import { after, before, describe } from 'node:test';
 import assert from 'node:assert/strict';
@@ -14,7 +15,7 @@ import { kernelTest, IS_ROOT } from '../helpers/kernel';
 import { Lab } from '../../src/lab/lab';
 import fs from 'node:fs';
 import { parseWrk } from '../../bench/datapath';
-import { neverReadingClient, parseServeSummary, ServeProc, shebang, startServe, startStorm, stopServe } from '../../bench/storm';
+import { flowAccount, neverReadingClient, parseServeSummary, ServeProc, shebang, startServe, startStorm, stopServe } from '../../bench/storm';
 
 const STORM_SECONDS = 20;
 /**
@@ -64,6 +65,7 @@ describe('storm (kernel)', () => {
       serve = await startServe(lab);
       const s = serve;
       slow = await neverReadingClient(s.url);
+      const servedBefore = lab.served.length;
       const storm = await startStorm(lab, STORM_SECONDS);
       // VmRSS every second; a dead serve ends the storm early (the test fails below).
       const rssMB: number[] = [];
@@ -82,6 +84,10 @@ describe('storm (kernel)', () => {
       const peak = Math.max(...rssMB);
       assert.ok(peak < boundMB, `serve's anonymous RSS reached ${peak.toFixed(0)} MiB, over --max-old-space-size=${maxOldSpaceMB} + ${RSS_MARGIN_MB} MiB (samples: ${rssMB.map((x) => x.toFixed(0)).join(' ')})`);
 
+      // The last connections' conntrack entries are destroyed and reported within ~2 s (lab timeouts).
+      await lab.reapConntrack();
+      await new Promise((r) => setTimeout(r, 2500));
+      const served = lab.served.length - servedBefore;
       slow.terminate();
       const stop = await stopServe(s);
       assert.ok(stop.clean, `serve did not exit cleanly on SIGINT (${stop.why}):\n${tail()}`);
@@ -94,6 +100,12 @@ describe('storm (kernel)', () => {
       assert.ok(mem, `no memory line in the summary:\n${tail()}`);
       console.log(`storm: ${w.requests} requests, anonymous RSS peak ${peak.toFixed(0)} MiB (bound ${boundMB}), ${mem[0]}, ${sum.eventsLine ?? ''}`);
       assert.ok(Number(mem[1]) < Number(mem[2]), mem[0]);
+      // Every served connection is a flow seen or counted lost; none split in two.
+      const unseen = sum.flowsUnseen ?? 0;
+      const acct = flowAccount({ served, failed: Number.isFinite(w.errors) ? w.errors : 0, flows: sum.flows, unseen, resets: sum.resets ?? 0 });
+      const flowsLine = `${served} connections served; ${sum.flows} flows seen, ${unseen} counted as lost whole: ${acct.uncounted} neither, ${acct.extra} more than connections`;
+      console.log(`storm: ${flowsLine}`);
+      assert.ok(acct.counted, `flows do not add up within 1%: ${flowsLine}`);
     },
     { timeout: 60_000 },
   );

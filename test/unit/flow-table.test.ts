@@ -1,7 +1,7 @@
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { FlowTable } from '../../src/flows/flow-table';
-import { FlowStatsRecord, RuleTrace, Tuple } from '../../src/events/decode';
+import { ctBirthOf, FlowStatsRecord, RuleTrace, Tuple } from '../../src/events/decode';
 import { EventKind, NfStage, Dir, StatsReason } from '../../src/events/layout';
 import { IPS_CONFIRMED, IPS_DST_NAT, IPS_ASSURED, IPS_SEEN_REPLY, IPS_SRC_NAT } from '../../src/events/conntrack';
 import { parseServiceSpec } from '../../src/net/ipv4';
@@ -18,7 +18,7 @@ const dnated: Tuple = { saddr: '10.244.1.1', daddr: '10.244.1.12', sport: 40000,
 function stats(over: Partial<FlowStatsRecord>): FlowStatsRecord {
   return {
     tsNs: 500n, ctId: 'ffff1', ctKey: ctKeyOf(over.ctId ?? 'ffff1'), reason: StatsReason.PERIODIC, packets: [0, 0], bytes: [0, 0], drops: 0, firstNs: 100n, lastNs: 500n,
-    orig, serviceId: 1, netnsIno: 111, tcpFlags: [0, 0], delivered: true, ...over,
+    orig, serviceId: 1, netnsIno: 111, tcpFlags: [0, 0], delivered: true, ctBirth: ctBirthOf(over.firstNs ?? 100n), ...over,
   };
 }
 
@@ -231,6 +231,31 @@ describe('FlowTable', () => {
       flowLine(f, (ip) => (ip === '10.244.1.12' ? 'pod-b' : undefined)),
       'flow 1 tcp 10.244.1.1:40000 -> 10.96.0.100:80 (service 10.96.0.100:80/tcp): backend 10.244.1.12:8080 (pod-b), 1.4ms, 0 pkts/0 B out, 0 pkts/0 B back, syn_sent, dropped NETFILTER_DROP',
     );
+  });
+
+  it('tells two entries with one address and one tuple apart by their birth, also when the new one\'s first records were lost', () => {
+    const t = table();
+    const est = IPS_DST_NAT | IPS_CONFIRMED | IPS_SEEN_REPLY | IPS_ASSURED;
+    // A: its first packet, and its established state.
+    t.ingest([ev({ tsNs: 100n, ctBirth: 101 }), ev({ tsNs: 150n, ctBirth: 101, ctStatus: est, ctTcpState: 3, tcpFlags: 0x10 })]);
+    // B reuses the port and gets A's address (tcp_tw_reuse in a storm); the
+    // ring had no room for B's unconfirmed first packet: its next record is
+    // of a confirmed entry, like A's. Only the birth tells them apart.
+    const items = t.ingest([ev({ tsNs: 300n, ctBirth: 291, ctStatus: est, ctTcpState: 3, tcpFlags: 0x10 })]);
+    assert.equal(items[0]!.flow.id, 2, 'a flow of its own');
+    assert.equal(t.summary().flows, 2);
+    const [a] = t.takeRetired();
+    assert.equal(a?.id, 1, 'A ended when B began');
+    assert.equal(a.closed, true);
+    // B's own counters land on B; A's late final counters (REUSED, by netlink order or a lagging ring) do not touch B.
+    t.ingest([], [stats({ reason: StatsReason.PERIODIC, firstNs: 290n, lastNs: 320n, packets: [3, 2] })]);
+    assert.deepEqual(t.flows()[0]!.packets, [3, 2]);
+    t.ingest([], [stats({ reason: StatsReason.REUSED, firstNs: 100n, lastNs: 200n, packets: [9, 9] })]);
+    assert.deepEqual(t.flows()[0]!.packets, [3, 2], 'another entry\'s counters');
+    assert.equal(t.summary().flows, 2, 'A was seen: its counters make no new flow');
+    // A record with no birth (no kernel state to say) still follows the flow at the address.
+    const same = t.ingest([ev({ tsNs: 330n, ctBirth: 0, ctStatus: est, ctTcpState: 3, tcpFlags: 0x11 })]);
+    assert.equal(same[0]!.flow.id, 2);
   });
 
   it('a refused connection whose conntrack address the next one takes at once ends as a flow of its own, with its final counters', () => {

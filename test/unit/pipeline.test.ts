@@ -112,7 +112,7 @@ describe('live diagnoses as evidence accumulates', () => {
     const flow = (startS: number): Flow => {
       const sport = port++;
       return {
-        id: sport, key: `ct:${sport}`, tupleIndexKey: '', service: '10.96.0.100:80/tcp', serviceId: 1, proto: 6, ctId: String(sport), nodeNetnsIno: 1,
+        id: sport, key: `ct:${sport}`, tupleIndexKey: '', service: '10.96.0.100:80/tcp', serviceId: 1, proto: 6, ctId: String(sport), ctBirth: 0, nodeNetnsIno: 1,
         orig: { saddr: '10.250.0.2', daddr: '10.96.0.100', sport, dport: 80, proto: 6 },
         reply: { saddr: '10.244.1.12', daddr: '10.250.0.2', sport: 8080, dport: sport, proto: 6 },
         status: IPS_SEEN_REPLY, tcpState: 0, dnat: true, masqueraded: false, packets: [5, 5], bytes: [0, 0], kernelDrops: 0, countersFinal: false,
