@@ -1,7 +1,8 @@
 /**
  * Kernel cost per request: how much BPF time svctrace's programs spend per
- * keep-alive request, program by program, tracing this service and tracing
- * another one. The kernel's own run-time counters (kernel.bpf_stats_enabled,
+ * keep-alive request and per short connection (one request each,
+ * `Connection: close`), program by program, tracing this service and
+ * tracing another one. The kernel's own run-time counters (kernel.bpf_stats_enabled,
  * on for this benchmark only and restored after) are read with `bpftool
  * prog show -j` before and after each wrk run; only the programs this run
  * loaded count. Less sensitive to a noisy machine than req/s ratios: it is
@@ -42,40 +43,45 @@ function programIds(): Set<number> {
 }
 
 type Mode = 'traced' | 'other';
+type Conn = 'keepalive' | 'short';
+const CONNS: Conn[] = ['keepalive', 'short'];
+const MODES: Mode[] = ['traced', 'other'];
 
 export async function benchKernelCost(opts: { quick: boolean }): Promise<object> {
   const seconds = opts.quick ? 4 : 8;
   const rounds = opts.quick ? 1 : 3;
   const before = fs.readFileSync(STATS_SYSCTL, 'utf8').trim();
   const lab = await Lab.up();
-  const totals: Record<Mode, { requests: number; progs: Map<string, ProgRun> }> = {
-    traced: { requests: 0, progs: new Map() },
-    other: { requests: 0, progs: new Map() },
-  };
+  const totals = Object.fromEntries(
+    CONNS.map((c) => [c, Object.fromEntries(MODES.map((m) => [m, { requests: 0, progs: new Map<string, ProgRun>() }]))]),
+  ) as Record<Conn, Record<Mode, { requests: number; progs: Map<string, ProgRun> }>>;
   // Restored however the run ends: the benchmark runner stops a child that
   // runs out of time with SIGTERM and process.exit, which skips `finally`.
   const restore = () => fs.writeFileSync(STATS_SYSCTL, before);
   process.once('exit', restore);
   try {
     fs.writeFileSync(STATS_SYSCTL, '1');
+    // Short connections reuse ports in TIME_WAIT (see datapath.ts; lab client namespace only).
+    await runIn(lab.clientNetns, ['sysctl', '-qw', 'net.ipv4.tcp_tw_reuse=1', 'net.ipv4.ip_local_port_range=1024 65000', 'net.ipv4.tcp_timestamps=2']);
     for (let r = 0; r < rounds; r++) {
-      for (const mode of ['traced', 'other'] as Mode[]) {
+      for (const conn of CONNS) for (const mode of MODES) {
         const existing = programIds();
         const p = await Pipeline.start({ services: [parseServiceSpec(mode === 'traced' ? '10.96.0.100:80' : '10.96.0.150:80')], netns: [lab.nodeNetns], kubeconfig: false });
         try {
           const ids = new Set([...programIds()].filter((id) => !existing.has(id)));
           await sleep(300);
           const a = ourPrograms(ids);
-          const out = await runIn(lab.clientNetns, ['wrk', '-t1', '-c16', `-d${seconds}s`, 'http://10.96.0.100/'], { timeoutMs: (seconds + 30) * 1000 });
+          const out = await runIn(lab.clientNetns, ['wrk', '-t1', '-c16', `-d${seconds}s`, ...(conn === 'short' ? ['-H', 'Connection: close'] : []), 'http://10.96.0.100/'], { timeoutMs: (seconds + 30) * 1000 });
           const b = ourPrograms(ids);
           const w = parseWrk(out.stdout);
           if (!(w.requests > 0)) throw new Error(`wrk made no requests (${mode}): ${out.stderr.trim() || out.stdout.trim()}`);
-          totals[mode].requests += w.requests;
+          const total = totals[conn][mode];
+          total.requests += w.requests;
           for (const [name, after] of b) {
-            const t = totals[mode].progs.get(name) ?? { ns: 0, runs: 0 };
+            const t = total.progs.get(name) ?? { ns: 0, runs: 0 };
             t.ns += after.ns - (a.get(name)?.ns ?? 0);
             t.runs += after.runs - (a.get(name)?.runs ?? 0);
-            totals[mode].progs.set(name, t);
+            total.progs.set(name, t);
           }
         } finally {
           await p.stop();
@@ -89,8 +95,8 @@ export async function benchKernelCost(opts: { quick: boolean }): Promise<object>
     await lab.down();
   }
   const result: Record<string, unknown> = { seconds, rounds };
-  for (const mode of ['traced', 'other'] as Mode[]) {
-    const t = totals[mode];
+  for (const conn of CONNS) for (const mode of MODES) {
+    const t = totals[conn][mode];
     const rows: string[][] = [];
     let nsPerReq = 0;
     let runsPerReq = 0;
@@ -100,9 +106,13 @@ export async function benchKernelCost(opts: { quick: boolean }): Promise<object>
       rows.push([name, (p.runs / t.requests).toFixed(2), p.runs ? fmt(p.ns / p.runs) : '-', fmt(p.ns / t.requests)]);
     }
     rows.push(['total', runsPerReq.toFixed(2), '', fmt(nsPerReq)]);
-    console.log(`\nKernel time per keep-alive request, ${mode === 'traced' ? 'tracing this service' : 'tracing another service'} (bpf_stats, wrk -c16, ${rounds} x ${seconds} s, ${fmt(t.requests)} requests)`);
+    const what = conn === 'short' ? 'short connection (one request each)' : 'keep-alive request';
+    console.log(`\nKernel time per ${what}, ${mode === 'traced' ? 'tracing this service' : 'tracing another service'} (bpf_stats, wrk -c16, ${rounds} x ${seconds} s, ${fmt(t.requests)} requests)`);
     console.log(table(['program', 'runs/request', 'ns/run', 'ns/request'], rows));
-    result[mode] = { requests: t.requests, nsPerRequest: nsPerReq, programs: Object.fromEntries(t.progs) };
+    // Keep-alive rows keep their earlier keys (traced, other); short ones are short.traced, short.other.
+    const r = { requests: t.requests, nsPerRequest: nsPerReq, programs: Object.fromEntries(t.progs) };
+    if (conn === 'keepalive') result[mode] = r;
+    else ((result.short ??= {}) as Record<string, unknown>)[mode] = r;
   }
   console.log(`-> ${writeResult('kernel-cost', result)}`);
   return result;

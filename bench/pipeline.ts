@@ -11,6 +11,8 @@
 import { execFileSync, fork } from 'node:child_process';
 import path from 'node:path';
 import { loadBinding, NativeTracer } from '../src/native/binding';
+import { Tracer } from '../src/tracer/tracer';
+import { defaultBackend } from '../src/tracer/backend';
 import { decodeBatch } from '../src/events/decode';
 import { FlowTable } from '../src/flows/flow-table';
 import { parseServiceSpec } from '../src/net/ipv4';
@@ -46,7 +48,7 @@ function lostTotal(s: StageResult): number {
 
 export async function runStage(stage: Stage, total: number): Promise<StageResult> {
   const binding = loadBinding();
-  const tracer: NativeTracer = new binding.Tracer({ benchSource: true });
+  const tracer: NativeTracer = new binding.Tracer({ backend: Tracer.backendFor(defaultBackend()).backend, benchSource: true });
   const table = new FlowTable({ services: [parseServiceSpec('10.96.0.100:80')] });
   let server: StreamServer | undefined;
   let clientCount = 0;

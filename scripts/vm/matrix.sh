@@ -22,7 +22,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-TESTS=${SVT_VM_TESTS:-"dist/test/kernel/doctor.test.js dist/test/kernel/backends.test.js dist/test/kernel/ipvs.test.js dist/test/kernel/first-trace.test.js dist/test/kernel/core-tracer.test.js dist/test/kernel/data-plane.test.js dist/test/kernel/trace-cli.test.js dist/test/kernel/concurrent.test.js"}
+TESTS=${SVT_VM_TESTS:-"dist/test/kernel/doctor.test.js dist/test/kernel/backends.test.js dist/test/kernel/ipvs.test.js dist/test/kernel/first-trace.test.js dist/test/kernel/core-tracer.test.js dist/test/kernel/data-plane.test.js dist/test/kernel/trace-cli.test.js dist/test/kernel/concurrent.test.js dist/test/kernel/batching.test.js"}
 ROWS=${SVT_VM_ROWS:-"6.1:fentry 6.1:kprobe 6.12:netfilter 6.12:fentry 5.10:kprobe"}
 # Each row boots in a few seconds; its tests take minutes under TCG.
 ROW_TIMEOUT=${SVT_VM_ROW_TIMEOUT:-1500}

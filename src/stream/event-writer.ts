@@ -165,6 +165,14 @@ export class EventWriter {
     return this;
   }
 
+  /** Bytes as they are (fields a decoder kept from a newer schema). */
+  raw(data: Uint8Array): this {
+    this.room(data.length);
+    this.buf.set(data, this.len);
+    this.len += data.length;
+    return this;
+  }
+
   /** Opens a length-delimited sub-message: one byte kept for its length (most are shorter than 128). */
   fork(): this {
     this.room(1);

@@ -6,6 +6,7 @@
 import protobuf from 'protobufjs/minimal';
 import { svctrace } from '../gen/svctrace';
 import { EventWriter } from './event-writer';
+import { encodeEvent } from './event-encoder';
 
 import pb = svctrace.v1;
 
@@ -38,7 +39,7 @@ export function encodeEvents(events: pb.IEvent[]): EncodedBatch {
   w.reset();
   const ends = new Uint32Array(events.length);
   for (let i = 0; i < events.length; i++) {
-    pb.Event.encode(events[i]!, w.uint32(BATCH_EVENT_TAG).fork().asWriter());
+    encodeEvent(events[i]!, w.uint32(BATCH_EVENT_TAG).fork());
     w.ldelim();
     ends[i] = w.len;
   }

@@ -50,6 +50,31 @@ export class Tracer {
   private decodeErrors = 0;
   private lastStats: TracerStats | null = null;
   readonly attached: AttachedNetns[] = [];
+  /**
+   * The backend a tracer asking for `request` gets on this kernel, and why.
+   * Only auto needs the probes, in its order of preference, until one
+   * passes; an explicit backend's load error speaks for itself.
+   */
+  static backendFor(request: BackendRequest): BackendChoice {
+    const binding = loadBinding();
+    const probes: Partial<NativeFeatures> = {};
+    if (request === 'auto') {
+      for (const b of BACKENDS) {
+        const name = BACKEND_PROBE[b];
+        Object.assign(probes, binding.probeFeatures([name]));
+        if (probes[name]?.ok || probes[name]?.code === 'EPERM') break;
+      }
+    }
+    try {
+      return chooseBackend(request, probes);
+    } catch (e) {
+      // Without privileges every probe is refused: loading then says which
+      // capabilities are missing, which is the error to show.
+      if (probes.netfilterLink?.code !== 'EPERM') throw e;
+      return { backend: 'netfilter', reason: 'netfilter (the kernel refused the probes: not permitted)' };
+    }
+  }
+
   /** The attach backend in use, and why it was chosen. */
   readonly attachBackend: BackendChoice;
 
@@ -70,26 +95,7 @@ export class Tracer {
   static open(opts: TracerOpenOptions = {}): Tracer {
     const binding = loadBinding();
     let native: NativeTracer;
-    const request = opts.backend ?? defaultBackend();
-    // Only auto needs the probes, in its order of preference, until one
-    // passes; an explicit backend's load error speaks for itself.
-    const probes: Partial<NativeFeatures> = {};
-    if (request === 'auto') {
-      for (const b of BACKENDS) {
-        const name = BACKEND_PROBE[b];
-        Object.assign(probes, binding.probeFeatures([name]));
-        if (probes[name]?.ok || probes[name]?.code === 'EPERM') break;
-      }
-    }
-    let backend: BackendChoice;
-    try {
-      backend = chooseBackend(request, probes);
-    } catch (e) {
-      // Without privileges every probe is refused: loading then says which
-      // capabilities are missing, which is the error to show.
-      if (probes.netfilterLink?.code !== 'EPERM') throw e;
-      backend = { backend: 'netfilter', reason: 'netfilter (the kernel refused the probes: not permitted)' };
-    }
+    const backend = Tracer.backendFor(opts.backend ?? defaultBackend());
     try {
       native = new binding.Tracer({
         backend: backend.backend,

@@ -5,8 +5,8 @@
  */
 import { test, TestContext } from 'node:test';
 import { execFileSync } from 'node:child_process';
-import { Backend, chooseBackend, defaultBackend } from '../../src/tracer/backend';
-import { loadBinding } from '../../src/native/binding';
+import { Backend, defaultBackend } from '../../src/tracer/backend';
+import { Tracer } from '../../src/tracer/tracer';
 import { TIME_SCALE } from './flows';
 
 export const IN_CI = process.env.CI === 'true';
@@ -64,8 +64,7 @@ let backendCache: Backend | undefined;
 /** The attach backend a tracer opened now picks ($SVCTRACE_BACKEND, else the kernel's best). */
 export function testBackend(): Backend {
   if (backendCache) return backendCache;
-  const req = defaultBackend();
-  backendCache = req === 'auto' ? chooseBackend('auto', loadBinding().probeFeatures()).backend : req;
+  backendCache = Tracer.backendFor(defaultBackend()).backend;
   return backendCache;
 }
 

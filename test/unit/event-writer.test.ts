@@ -96,6 +96,29 @@ describe('EventWriter', () => {
     assert.deepEqual(pb.Event.decode(eventBytes(encoded, 0).subarray(3)).toJSON(), pb.Event.fromObject(everything).toJSON());
   });
 
+  it('encodes each field alone, and nothing for defaults, as the generated encoder does (src/stream/event-encoder)', () => {
+    const nested = new Set(['packet', 'conntrack', 'device', 'counters']);
+    for (const [field, value] of Object.entries(everything)) {
+      const alone: pb.IEvent = { [field]: value };
+      const encoded = encodeEvents([alone]);
+      assert.deepEqual(Buffer.from(eventBytes(encoded, 0)), Buffer.from(reference(alone)), `Event.${field} alone`);
+      if (!nested.has(field)) continue;
+      for (const [inner, v] of Object.entries(value as object)) {
+        const one: pb.IEvent = { [field]: { [inner]: v } };
+        assert.deepEqual(Buffer.from(eventBytes(encodeEvents([one]), 0)), Buffer.from(reference(one)), `Event.${field}.${inner} alone`);
+      }
+    }
+    const defaults: pb.IEvent = { tsNs: Long.UZERO, kind: 0, flowId: 0, service: '', priority: 0, afterNat: false, rulePath: [], packetData: new Uint8Array(0), packet: { src: '', srcPort: 0 }, conntrack: { statusNames: [] } };
+    assert.deepEqual(Buffer.from(eventBytes(encodeEvents([defaults]), 0)), Buffer.from(reference(defaults)));
+    // Fields of a newer schema kept by a decoder ($unknowns, field 1007 here) are written back as they came.
+    const unknown = Uint8Array.from([0xf8, 0x3e, 0x07]);
+    for (const newer of [{ ...makeEvent(5), $unknowns: [unknown] }, { ...makeEvent(6), packet: { src: '10.0.0.1', $unknowns: [unknown] } }]) {
+      const ours = Buffer.from(eventBytes(encodeEvents([newer]), 0));
+      assert.deepEqual(ours, Buffer.from(reference(newer)), 'unknown fields kept');
+      assert.ok(ours.includes(Buffer.from(unknown)));
+    }
+  });
+
   it('writes numbers as protobufjs does at every edge', () => {
     const ours = new EventWriter(8);
     const theirs = protobuf.Writer.create();
