@@ -392,7 +392,10 @@ export class FlowTable implements FlowTableView {
     if (e.ctKey) {
       const key = e.ctKey;
       const f = this.byKey.get(key);
-      if (f && e.ctBirth && f.ctBirth) {
+      // The birth is the kernel state's at the address when the record was
+      // written: a packet dropped before a new entry got its state carries
+      // the old entry's birth with the new entry's tuple. A tuple says no first.
+      if (f && e.ctBirth && f.ctBirth && (e.ctOrig.proto === 0 || sameTuple(e.ctOrig, f.orig))) {
         // The kernel says which entry each is: no guessing. Another
         // entry's record is of a newer one (the ring is in order), unless
         // the flow here was made from final counters that came by netlink

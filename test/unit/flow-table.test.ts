@@ -256,6 +256,11 @@ describe('FlowTable', () => {
     // A record with no birth (no kernel state to say) still follows the flow at the address.
     const same = t.ingest([ev({ tsNs: 330n, ctBirth: 0, ctStatus: est, ctTcpState: 3, tcpFlags: 0x11 })]);
     assert.equal(same[0]!.flow.id, 2);
+    // Another tuple with B's birth (a drop of a new entry's packet before it had a state of its own): not B.
+    const other = { ...orig, sport: 40999 };
+    const c = t.ingest([ev({ tsNs: 340n, kind: EventKind.DROP, ctBirth: 291, ctOrig: other, pkt: other, reason: 2 })]);
+    assert.equal(c[0]!.flow.id, 3);
+    assert.deepEqual(c[0]!.flow.orig, other);
   });
 
   it('a refused connection whose conntrack address the next one takes at once ends as a flow of its own, with its final counters', () => {
