@@ -20,8 +20,9 @@ export class EventWriter {
   private buf: Buffer;
   /** Bytes written so far. */
   len = 0;
-  /** Where each open sub-message's one-byte length slot is. */
+  /** Where each open sub-message's length slot is, and how many bytes it kept for it. */
   private readonly forks: number[] = [];
+  private readonly reserved: number[] = [];
 
   constructor(initialBytes = 64 * 1024) {
     this.buf = Buffer.allocUnsafe(initialBytes);
@@ -36,6 +37,7 @@ export class EventWriter {
   reset(): void {
     this.len = 0;
     this.forks.length = 0;
+    this.reserved.length = 0;
   }
 
   /** A copy of what was written (the buffer is reused). */
@@ -173,27 +175,37 @@ export class EventWriter {
     return this;
   }
 
-  /** Opens a length-delimited sub-message: one byte kept for its length (most are shorter than 128). */
-  fork(): this {
-    this.room(1);
+  /**
+   * Opens a length-delimited sub-message, keeping `lengthBytes` for its
+   * length: 1 suits most nested messages (shorter than 128 bytes); a whole
+   * event is usually 128 bytes to 16 KiB, 2. A length that turns out to need
+   * another size moves the message (protobufjs's own minimal varint, always).
+   */
+  fork(lengthBytes = 1): this {
+    this.room(lengthBytes);
     this.forks.push(this.len);
-    this.len += 1;
+    this.reserved.push(lengthBytes);
+    this.len += lengthBytes;
     return this;
   }
 
-  /** Closes the last sub-message: writes its length, moving it along if the length needs more than a byte. */
+  /** Closes the last sub-message: writes its length, moving the message if the length needs other than the bytes kept. */
   ldelim(): this {
     const slot = this.forks.pop();
-    if (slot === undefined) throw new Error('EventWriter.ldelim() without fork()');
-    const size = this.len - slot - 1;
-    if (size < 128) {
+    const kept = this.reserved.pop();
+    if (slot === undefined || kept === undefined) throw new Error('EventWriter.ldelim() without fork()');
+    const size = this.len - slot - kept;
+    if (size < 128 && kept === 1) {
       this.buf[slot] = size;
       return this;
     }
-    let extra = 0;
-    for (let v = size >>> 7; v > 0; v >>>= 7) extra++;
-    this.room(extra);
-    this.buf.copy(this.buf, slot + 1 + extra, slot + 1, this.len);
+    let need = 1;
+    for (let v = size >>> 7; v > 0; v >>>= 7) need++;
+    if (need !== kept) {
+      if (need > kept) this.room(need - kept);
+      this.buf.copyWithin(slot + need, slot + kept, this.len);
+      this.len += need - kept;
+    }
     let v = size;
     let at = slot;
     while (v > 127) {
@@ -201,7 +213,6 @@ export class EventWriter {
       v >>>= 7;
     }
     this.buf[at] = v;
-    this.len += extra;
     return this;
   }
 }

@@ -30,6 +30,9 @@ const WIRE_LEN = 2;
 const WIRE_VARINT = 0;
 const BATCH_EVENT_TAG = (1 << 3) | WIRE_LEN;
 
+/** Bytes kept for an event's length: events are mostly 128 bytes to 16 KiB (the writer moves those that are not). */
+const EVENT_LENGTH_BYTES = 2;
+
 /** One writer for every batch (encoding is synchronous): its buffer is reused. */
 const writer = new EventWriter();
 
@@ -39,7 +42,7 @@ export function encodeEvents(events: pb.IEvent[]): EncodedBatch {
   w.reset();
   const ends = new Uint32Array(events.length);
   for (let i = 0; i < events.length; i++) {
-    encodeEvent(events[i]!, w.uint32(BATCH_EVENT_TAG).fork());
+    encodeEvent(events[i]!, w.uint32(BATCH_EVENT_TAG).fork(EVENT_LENGTH_BYTES));
     w.ldelim();
     ends[i] = w.len;
   }

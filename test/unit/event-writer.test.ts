@@ -148,6 +148,16 @@ describe('EventWriter', () => {
       theirs.uint32(10).fork().uint32(18).fork().string(text).ldelim().ldelim();
     }
     assert.deepEqual(Buffer.from(ours.finish()), Buffer.from(theirs.finish()));
+    // Whatever it kept for a length, the length comes out minimal, as protobufjs writes it.
+    for (const kept of [1, 2, 3]) {
+      const w = new EventWriter(4);
+      const ref = protobuf.Writer.create();
+      for (const n of [0, 1, 126, 127, 128, 129, 16383, 16384, 70000]) {
+        w.uint32(10).fork(kept).string('y'.repeat(n)).ldelim();
+        ref.uint32(10).fork().string('y'.repeat(n)).ldelim();
+      }
+      assert.deepEqual(Buffer.from(w.finish()), Buffer.from(ref.finish()), `${kept} byte(s) kept`);
+    }
     assert.throws(() => new EventWriter().ldelim(), /without fork/);
   });
 });
