@@ -159,11 +159,32 @@ function ctHex(dv: DataView, o: number, key: number): string {
   return text;
 }
 
+// Device names and kinds (and rule tables and chains) repeat across events:
+// one string per distinct name, found by a hash of its bytes and checked
+// against them. Bounded like the other caches.
+const nameCache = new Map<number, { bytes: Uint8Array; text: string }>();
+const NAME_CACHE_MAX = 1024;
+
 function cString(b: Uint8Array, o: number, len: number): string {
   if (b[o] === 0) return ''; // most events carry no device
   let end = o;
-  while (end < o + len && b[end] !== 0) end++;
-  return Buffer.from(b.buffer, b.byteOffset + o, end - o).toString('latin1');
+  let h = 0x811c9dc5; // FNV-1a
+  while (end < o + len && b[end] !== 0) {
+    h = Math.imul(h ^ b[end]!, 0x01000193);
+    end++;
+  }
+  const n = end - o;
+  h = (h ^ n) >>> 0;
+  const hit = nameCache.get(h);
+  if (hit && hit.bytes.length === n) {
+    let i = 0;
+    while (i < n && hit.bytes[i] === b[o + i]) i++;
+    if (i === n) return hit.text;
+  }
+  const text = Buffer.from(b.buffer, b.byteOffset + o, n).toString('latin1');
+  if (nameCache.size >= NAME_CACHE_MAX) nameCache.clear();
+  nameCache.set(h, { bytes: Uint8Array.prototype.slice.call(b, o, end), text });
+  return text;
 }
 
 /** Decodes one record at byte offset `o` of `buf`. */

@@ -74,6 +74,17 @@ describe('decodeBatch', () => {
     assert.equal(e?.ifname, 'abcdefghijklmnop');
   });
 
+  it('names devices by their bytes: a name seen before, another one, and one that differs only in its end', () => {
+    const names = ['veth1', 'veth2', 'cni0', 'veth1', 'veth12', 'veth1', 'abcdefghijklmnop', 'abcdefghijklmnoq', 'veth2'];
+    const evs = decodeBatch(Buffer.concat(names.map((ifname) => record({ ifname })))).events;
+    assert.deepEqual(evs.map((e) => e.ifname), names);
+    // Reused batch memory: what a name was cached from may be overwritten, the names stay right.
+    const buf = record({ ifname: 'eth0' });
+    assert.equal(decodeBatch(buf).events[0]?.ifname, 'eth0');
+    buf.write('eth1', EVENT.fields.ifname[0], 'latin1');
+    assert.equal(decodeBatch(buf).events[0]?.ifname, 'eth1');
+  });
+
   it('rejects a batch that is not whole records', () => {
     assert.throws(() => decodeBatch(Buffer.concat([record(), Buffer.alloc(3)])), DecodeError);
   });
