@@ -1037,7 +1037,11 @@ static __always_inline int observe_drop(struct sk_buff *skb, __u32 reason, const
 		e->ct_id = ref->ct_id;
 		e->dir = ref->dir;
 	}
-	if (st)
+	/* The state at the address may still be an older entry's (a packet
+	 * dropped before its new entry reached our hooks): its birth goes only
+	 * with the entry whose tuple the event carries. A drop found through
+	 * the registry carries no entry tuple, so no birth either. */
+	if (st && ct && tuple_eq(&st->orig, &e->ct_orig))
 		e->ct_birth = SVT_CT_BIRTH(st->first_ns);
 	svt_submit(e);
 	if (st && !st->delivered)

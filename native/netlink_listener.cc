@@ -82,9 +82,12 @@ void NetlinkListener::Stop() {
 
 uint64_t NetlinkListener::overruns() const {
   uint64_t errors = overruns_.load();
-  // SO_MEMINFO (Linux >= 4.6): SK_MEMINFO_DROPS is the socket's sk_drops,
-  // which a netlink overrun increments for each message it drops. ENOBUFS
-  // is reported once per congestion, however many messages were dropped.
+  // SO_MEMINFO (Linux >= 4.12; before it, the ENOBUFS count):
+  // SK_MEMINFO_DROPS is the socket's sk_drops, which a netlink overrun
+  // increments for each message it drops. ENOBUFS is reported once per
+  // congestion, however many messages were dropped. The socket takes the
+  // namespace's every message of its group (destroys of untraced entries
+  // too, dropped here unread), so this is an upper bound on events lost.
   __u32 mem[SK_MEMINFO_VARS] = {};
   socklen_t len = sizeof(mem);
   if (nl_ && getsockopt(mnl_socket_get_fd(nl_), SOL_SOCKET, SO_MEMINFO, mem, &len) == 0 &&

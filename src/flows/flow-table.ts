@@ -40,6 +40,8 @@ export class FlowTable implements FlowTableView {
   private readonly summaryCounters: FlowSummary = { flows: 0, closed: 0, perBackend: {}, dropsByReason: {}, dropFlowsByReason: {}, resets: 0, evicted: 0 };
   /** Rule traces that were waiting for a flow, emitted right after its first event. */
   private readonly deferred: Ingested[] = [];
+  /** Flows of entries older than the one at their address, made from their late records (see olderEntryFlow). */
+  private readonly olderEntries = new Map<string, Flow>();
   /** Rule traces that arrived before their flow's first kernel event, by tuple index key. */
   private readonly pendingTraces = new Map<string, PendingTraces>();
   /** The same, keyed as the backend receives the packet (a trace from a pod's namespace that came before its flow's DNAT). */
@@ -120,6 +122,7 @@ export class FlowTable implements FlowTableView {
   private applyStats(r: FlowStatsRecord): Ingested | undefined {
     const key = r.ctKey;
     let f = this.byKey.get(key);
+    if (f && f.ctBirth !== 0 && f.ctBirth !== r.ctBirth) f = this.olderEntries.get(olderEntryKey(key, r.ctBirth)) ?? f;
     // Counters of an earlier entry at a reused address never touch a newer
     // flow (the kernel writes them before the new entry's first event, so
     // the earlier flow, still in the table then, got them).
@@ -402,7 +405,7 @@ export class FlowTable implements FlowTableView {
         // ahead of a lagging ring: then the record is an older entry's, a
         // flow already ended, whose own final counters make it (applyStats).
         if (e.ctBirth === f.ctBirth) return f;
-        if (e.tsNs < f.firstTsNs) return undefined;
+        if (e.tsNs < f.firstTsNs) return this.olderEntryFlow(key, e);
         this.retire(f, e.tsNs);
         return this.newFlowAt(key, e);
       }
@@ -425,6 +428,29 @@ export class FlowTable implements FlowTableView {
     // A packet dropped before conntrack kept an entry: a flow of its own.
     const key = flat(`pkt:${tupleKey(e.pkt)}`);
     return this.byKey.get(key) ?? this.newFlow(key, e, e.pkt);
+  }
+
+  /**
+   * The flow of an entry older than the one whose flow holds its address:
+   * the newer entry's end came by netlink while the ring, seconds behind in
+   * a storm, still held the older one's records. It ended before the newer
+   * one began, so it goes to the sinks as ended and is never indexed by
+   * address; its later records (events, final counters) find it here by
+   * address and birth.
+   */
+  private olderEntryFlow(key: number, e: KernelEvent): Flow | undefined {
+    const id = olderEntryKey(key, e.ctBirth);
+    const known = this.olderEntries.get(id);
+    if (known) return known;
+    if (e.kind !== EventKind.NF && e.kind !== EventKind.DROP) return undefined;
+    const f = this.newFlow(key, e, e.ctOrig.proto ? e.ctOrig : e.pkt, false);
+    f.closed = true;
+    f.closedTsNs = e.tsNs;
+    this.summaryCounters.closed++;
+    this.retired.push(f);
+    if (this.olderEntries.size >= OLDER_ENTRIES_MAX) this.olderEntries.clear();
+    this.olderEntries.set(id, f);
+    return f;
   }
 
   /** A new flow at a ct address from one of its events, if the event can anchor one. */
@@ -578,6 +604,13 @@ interface PendingTraces {
   /** Monotonic time the trace message was received (after the packet's ring record was written). */
   tsNs: bigint;
   traces: RuleTrace[];
+}
+
+/** Older entries' flows remembered for their late records: a storm's ring backlog of them at most. */
+const OLDER_ENTRIES_MAX = 1024;
+
+function olderEntryKey(ctKey: number, birth: number): string {
+  return `${ctKey}|${birth}`;
 }
 
 const PENDING_TRACE_MAX_MS = 5000;

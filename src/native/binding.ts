@@ -89,7 +89,7 @@ export interface NativeStats {
   activeFlows: number;
   ctDestroyEvents: number;
   ruleTraceEvents: number;
-  /** Conntrack DESTROY messages the kernel dropped for want of room in our socket (every one, where the kernel counts them). */
+  /** Conntrack DESTROY messages the kernel dropped for want of room in our socket (every one, where the kernel counts them; untraced entries' included: an upper bound on events lost). */
   ctOverruns: number;
   /** The same for nftables trace messages. */
   ruleTraceOverruns: number;

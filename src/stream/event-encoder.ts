@@ -6,10 +6,10 @@
  * each field once and writes the same bytes in the same order.
  *
  * The .proto stays the one definition of the wire format:
- * test/unit/event-encoder.test.ts loads src/proto/ and checks that every
- * field of Event and of the messages it nests is encoded here, byte for byte
- * as the generated encoder does (all fields set, each alone, and events of
- * every kind). A message it does not know (unknown fields kept by a relay
+ * test/unit/event-writer.test.ts checks that every field of Event and of the
+ * messages it nests (as the generated code declares them) is encoded here,
+ * byte for byte as the generated encoder does (all fields set, each alone,
+ * defaults, and events of every kind). A message it does not know (unknown fields kept by a relay
  * from a newer agent) goes to the generated encoder.
  */
 import { svctrace } from '../gen/svctrace';

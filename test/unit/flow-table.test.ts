@@ -263,6 +263,29 @@ describe('FlowTable', () => {
     assert.deepEqual(c[0]!.flow.orig, other);
   });
 
+  it('an older entry\'s records that a lagging ring delivers after the newer entry\'s end make one ended flow of their own', () => {
+    const t = new FlowTable({ services: [parseServiceSpec('10.96.0.100:80')], closeGraceMs: 1000, deliveredThrough: () => 50n });
+    // One address and one tuple (a port reused in a storm): only the birth tells X from Y.
+    const x = orig;
+    const y = orig;
+    // Y's end and final counters (netlink) come first: a flow made from them.
+    t.ingest([], [stats({ reason: StatsReason.CLOSED, orig: y, firstNs: 400n, lastNs: 450n, tsNs: 460n, packets: [5, 5] })]);
+    assert.equal(t.summary().flows, 1);
+    // Then the ring delivers X, which held the address before Y: its own flow, ended, not Y's.
+    const items = t.ingest([ev({ tsNs: 100n, ctBirth: 101, ctOrig: x, pkt: x }), ev({ tsNs: 120n, ctBirth: 101, ctOrig: x, pkt: x, nfStage: NfStage.AFTER_NAT, nfPriority: -99, ctStatus: IPS_DST_NAT })]);
+    assert.equal(items.length, 2);
+    const fx = items[0]!.flow;
+    assert.equal(items[1]!.flow, fx, 'one flow for X\'s records');
+    assert.deepEqual(fx.orig, x);
+    assert.equal(fx.closed, true);
+    assert.deepEqual(t.takeRetired(), [fx], 'handed to the sinks as ended');
+    // X's final counters (REUSED, written when Y took the address) land on X, not on Y.
+    t.ingest([], [stats({ reason: StatsReason.REUSED, orig: x, firstNs: 100n, lastNs: 300n, tsNs: 390n, packets: [7, 6] })]);
+    assert.deepEqual(fx.packets, [7, 6]);
+    assert.deepEqual(t.flows().map((f) => [f.firstTsNs, f.packets]), [[400n, [5, 5]]]);
+    assert.equal(t.summary().flows, 2, 'two connections, two flows');
+  });
+
   it('a refused connection whose conntrack address the next one takes at once ends as a flow of its own, with its final counters', () => {
     const t = table();
     const a = { ...orig, sport: 41000 };
