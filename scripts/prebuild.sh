@@ -22,8 +22,11 @@ mkdir -p "$out"
 cp build-portable/Release/svctrace.node "$addon"
 strip --strip-unneeded "$addon"
 # The libraries carried: the real files, under the sonames the addon asks for.
+# awk reads all of ldconfig's output: leaving early would end ldconfig with
+# SIGPIPE when it still had lines to write, which pipefail turns into a
+# silent exit of this script (seen once in CI).
 for lib in libelf.so.1 libmnl.so.0; do
-  path=$(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64|AArch64/ { print $NF; exit }')
+  path=$(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64|AArch64/ && !found { print $NF; found = 1 }')
   [ -n "$path" ] || { echo "prebuild: $lib not found on this machine" >&2; exit 1; }
   cp -L "$path" "$out/$lib"
 done
