@@ -276,7 +276,7 @@ export class FlowTable implements FlowTableView {
         if (this.pendingBackendTraces.size < 10_000 && rulePathOf(group)?.droppedBy) this.pendingBackendTraces.set(tupleKey(first.pkt), { at: nowMs, tsNs: first.tsNs, traces: group });
         continue;
       }
-      const r = this.attachRuleTrace(f, group);
+      const r = this.attachRuleTrace(f, group, nowMs);
       if (r) out.push(r);
     }
     return out;
@@ -301,12 +301,19 @@ export class FlowTable implements FlowTableView {
     return this.ruleEvent(f, group[0]!.tsNs, `dropped or rejected where the backend receives it (${where}, nftables trace): ${by}`, []);
   }
 
-  private attachRuleTrace(f: Flow, group: RuleTrace[]): Ingested | undefined {
-    if (f.rulePath.length) return undefined; // only the first packet's path
-    const r = rulePathOf(group);
+  private attachRuleTrace(f: Flow, group: RuleTrace[], nowMs = Date.now()): Ingested | undefined {
+    // Only the first traced packet's path. The rest of that packet's trace,
+    // read in a later batch, completes it (a REJECT in the filter table
+    // after the nat table's chains): the path is then told again, whole.
+    const earlier = f.ruleTraces?.traces;
+    const samePacket = earlier !== undefined && earlier[0]!.traceId === group[0]!.traceId;
+    if (f.rulePath.length && !samePacket) return undefined;
+    const traces = samePacket ? [...earlier, ...group] : group;
+    f.ruleTraces = { traces, atMs: nowMs };
+    const r = rulePathOf(traces);
     if (!r) return undefined;
     f.rulePath = r.path;
-    return this.ruleEvent(f, group[0]!.tsNs, r.summary, r.path);
+    return this.ruleEvent(f, traces[0]!.tsNs, r.summary, r.path);
   }
 
   private ruleEvent(f: Flow, tsNs: bigint, summary: string, path: string[]): Ingested {
@@ -590,6 +597,7 @@ export class FlowTable implements FlowTableView {
     const idleNs = BigInt(this.opts.idleMs) * 1_000_000n;
     const gone: Flow[] = [];
     for (const f of this.byKey.values()) {
+      if (f.ruleTraces && nowMs - f.ruleTraces.atMs > PENDING_TRACE_MAX_MS) f.ruleTraces = undefined;
       if ((f.closed && f.closedTsNs !== undefined && nowNs - f.closedTsNs >= graceNs) || nowNs - f.lastTsNs >= idleNs) gone.push(f);
     }
     for (const f of gone) this.remove(f);

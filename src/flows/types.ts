@@ -1,6 +1,6 @@
 /** The flow model's types: a flow (one conntrack entry), a timeline entry, and what ingesting an event yields. */
 import { svctrace } from '../gen/svctrace';
-import type { Tuple } from '../events/decode';
+import type { RuleTrace, Tuple } from '../events/decode';
 import type { ServiceSpec } from '../net/ipv4';
 
 import pb = svctrace.v1;
@@ -66,6 +66,12 @@ export interface Flow {
   icmpErrors: string[];
   /** The kube-proxy chains the first packet went through (nftables trace), when observed. */
   rulePath: string[];
+  /**
+   * The traced packet's messages so far, while more of them may come: one
+   * packet's trace can span two netlink batches (its nat table in one, its
+   * filter table's REJECT in the next). Dropped a few seconds on.
+   */
+  ruleTraces?: { traces: RuleTrace[]; atMs: number };
   /** The rule that dropped or rejected the flow's packet where the backend receives it (a pod's own firewall), when traced there. */
   backendDropRule?: string;
   /** Milestones already reported, e.g. 'dnat', 'dev:0:recv:veth2:123' (a few, shared strings: a short array is smaller than a Set). */

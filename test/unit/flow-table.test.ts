@@ -341,6 +341,24 @@ describe('FlowTable', () => {
       assert.equal(t.pendingTraceGroups, 0);
     });
 
+    it('one packet\'s trace split over two batches after its flow is known: the path is completed; another packet\'s is not taken', () => {
+      const t = table();
+      t.ingest([ev({ tsNs: 10n })]);
+      const first = t.ingestRuleTraces([trace(9, 'OUTPUT'), trace(9, 'KUBE-SERVICES')], 1000);
+      assert.deepEqual(first.map((i) => i.event.rulePath), [['OUTPUT', 'KUBE-SERVICES']]);
+      // The same packet's filter table, with its REJECT, in the next batch.
+      const reject: RuleTrace = { ...trace(9, 'KUBE-SERVICES'), table: 'filter', verdict: 0 };
+      const rest = t.ingestRuleTraces([{ ...trace(9, 'OUTPUT'), table: 'filter' }, reject], 1001);
+      assert.equal(rest.length, 1, 'the whole path, told again');
+      assert.match(rest[0]!.event.summary ?? '', /dropped or rejected by table filter chain KUBE-SERVICES/);
+      assert.deepEqual(pathOf(t)?.slice(0, 2), ['OUTPUT', 'KUBE-SERVICES']);
+      // A later packet of the flow: its trace is not the flow's path.
+      assert.deepEqual(t.ingestRuleTraces([trace(10, 'OUTPUT'), trace(10, 'KUBE-SVC-Z')], 1002), []);
+      // Kept only a few seconds.
+      t.expire(20n, 1002 + 6000);
+      assert.equal(t.flows()[0]!.ruleTraces, undefined);
+    });
+
     it('a later packet of the same tuple takes the place of the one waiting (its flow was lost)', () => {
       const t = table();
       t.ingestRuleTraces([trace(1, 'OUTPUT'), trace(1, 'KUBE-SERVICES'), trace(1, 'KUBE-SVC-OLD'), trace(1, 'KUBE-SEP-OLD')]);
