@@ -410,7 +410,7 @@ export class FlowTable implements FlowTableView {
         // entry's record is of a newer one (the ring is in order), unless
         // the flow here was made from final counters that came by netlink
         // ahead of a lagging ring: then the record is an older entry's, a
-        // flow already ended, whose own final counters make it (applyStats).
+        // flow already ended (olderEntryFlow).
         if (e.ctBirth === f.ctBirth) return f;
         if (e.tsNs < f.firstTsNs) return this.olderEntryFlow(key, e);
         this.retire(f, e.tsNs);
