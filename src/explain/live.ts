@@ -44,6 +44,22 @@ const UNDECIDED_GRACE_NS = 5_000_000_000n;
 function decided(f: Flow): boolean {
   return (f.status & IPS_SEEN_REPLY) !== 0 || f.reset || !!f.backendReset || f.drops.length > 0 || f.icmpErrors.length > 0;
 }
+
+/**
+ * An ICMP error and the drop of the packet it is about are written to the
+ * ring one after the other (a neighbour given up, a REJECT: the error is
+ * sent, then the packet freed), and a batch can end between the two. Judged
+ * in that gap, a neighbour failure's connection had its host-unreachable but
+ * not yet its NEIGH_FAILED drop, and was called a broken reply path (seen in
+ * the fault catalogue's IPVS column). A flow not answered, reset or refused
+ * is judged only once the kernel's events have been delivered this far past
+ * its last one.
+ */
+const SETTLE_NS = 250_000_000n;
+
+function settled(f: Flow, deliveredNs: bigint): boolean {
+  return (f.status & IPS_SEEN_REPLY) !== 0 || f.reset || !!f.backendReset || deliveredNs - f.lastTsNs >= SETTLE_NS;
+}
 const MAX_PENDING = 20_000;
 /** The flows the distribution over backends is judged on: the last minute's, at most this many. */
 const DISTRIBUTION_HORIZON_NS = 60_000_000_000n;
@@ -55,6 +71,8 @@ export class LiveDiagnoser {
   private readonly lastSaid = new Map<string, { at: number; summary: string }>();
   private readonly timer: NodeJS.Timeout;
   private pending = new Set<Flow>();
+  /** Flows already judged: their later records (counters, a late drop) do not make them count twice. */
+  private readonly judged = new WeakSet<Flow>();
   /** Judged flows of the last DISTRIBUTION_HORIZON_NS, oldest first. */
   private recent: Flow[] = [];
   /** The rules' diagnoses (and the node's, like conntrack pressure): in effect for the whole run. */
@@ -69,6 +87,13 @@ export class LiveDiagnoser {
     masqueradeRule = true,
     /** Every window: all diagnoses in effect (the rules' and the window's), repeated ones included (metrics). */
     private readonly onActive?: (active: LiveDiagnosis[]) => void,
+    /**
+     * Kernel time through which the kernel's events have reached us (the
+     * pipeline's deliveredThrough: now when nothing is waiting, else the
+     * newest delivered record's). Flows are judged by it, not by the wall
+     * clock: when the ring is behind, a flow's ending is still on its way.
+     */
+    private readonly deliveredThrough: () => bigint = () => process.hrtime.bigint(),
   ) {
     const initial = services.flatMap((s) =>
       [...diagnoseRules(s, s.name, masqueradeRule), ...diagnoseRuleConsistency(s)].filter((d) => d.severity !== 'info').map((d) => this.tag(s, d)),
@@ -112,18 +137,20 @@ export class LiveDiagnoser {
 
   /** Feeds the flows the tracer just saw. */
   observe(items: Ingested[]): void {
-    for (const { flow } of items) if (this.pending.size < MAX_PENDING) this.pending.add(flow);
+    for (const { flow } of items) if (this.pending.size < MAX_PENDING && !this.judged.has(flow)) this.pending.add(flow);
   }
 
-  /** One window: the flows old enough to judge, per service. */
-  tick(nowNs = process.hrtime.bigint(), final = false): void {
+  /** One window: the flows old enough to judge, per service (nowNs: the delivered kernel time). */
+  tick(nowNs = this.deliveredThrough(), final = false): void {
     const flows: Flow[] = [];
     for (const f of this.pending) {
       const age = nowNs - f.firstTsNs;
-      // The last tick waits for nothing more: what is old enough is judged.
-      if (age >= UNDECIDED_GRACE_NS || (age >= GRACE_NS && (final || decided(f)))) {
+      // The last tick waits for nothing more (the pipeline drained the
+      // kernel's events before it): what is old enough is judged.
+      if (final ? age >= GRACE_NS : ((age >= UNDECIDED_GRACE_NS || (age >= GRACE_NS && decided(f))) && settled(f, nowNs))) {
         flows.push(f);
         this.pending.delete(f);
+        this.judged.add(f);
       }
     }
     this.recent.push(...flows);

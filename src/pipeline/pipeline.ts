@@ -87,6 +87,8 @@ export interface SinkContext {
   stats(): TracerStats;
   /** Events lost so far, per stage. */
   losses(): Partial<StageLosses>;
+  /** Kernel time through which the kernel's events have reached the sinks: now when none is waiting (Tracer.deliveredThrough). */
+  deliveredThrough(): bigint;
 }
 
 export type MakeSinks = (ctx: SinkContext) => Sink[] | Promise<Sink[]>;
@@ -239,6 +241,7 @@ export class Pipeline {
       hubSource: () => this.hubSource(),
       stats: () => this.stats(),
       losses: () => this.losses(),
+      deliveredThrough: () => this.tracer.deliveredThrough(),
     };
   }
 

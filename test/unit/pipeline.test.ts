@@ -162,6 +162,48 @@ describe('live diagnoses as evidence accumulates', () => {
     live.stop();
   });
 
+  it('a neighbour failure whose ICMP error and drop come in two batches is judged once, on both: not a broken reply path', () => {
+    const svc: DiscoveredService = {
+      name: 'default/web:http', namespace: 'default', service: 'web', portName: 'http', clusterIP: '10.96.0.100', port: 80, proto: 'tcp', nodePorts: [],
+      endpoints: ['10.244.1.10', '10.244.1.11'].map((ip) => ({ ip, port: 8080, probability: 1 / 2, chain: 'KUBE-SEP-X' })),
+      chain: 'KUBE-SVC-X', rejects: false, nodePortMasquerade: false, source: 'ipvs',
+    };
+    const s = 1_000_000_000n;
+    const said: string[] = [];
+    let delivered = 0n;
+    const live = new LiveDiagnoser([svc], (ds) => said.push(...ds.map((d) => `${d.code} ${d.summary}`)), 5000, true, undefined, () => delivered);
+    // Both pods are on this node.
+    live.view = { holderOf: (ip) => `pod ${ip}`, routeOf: () => undefined, replyPathOf: () => undefined, tunnelOf: () => undefined };
+    // A SYN at 0 s to .11, which answers no ARP: at 3 s the kernel sends the
+    // client a host unreachable, then frees the queued SYN (NEIGH_FAILED).
+    const f: Flow = {
+      id: 1, key: 1, tupleIndexKey: '', service: '10.96.0.100:80/tcp', serviceId: 1, proto: 6, ctId: '1', ctBirth: 1, nodeNetnsIno: 1,
+      orig: { saddr: '10.250.0.2', daddr: '10.96.0.100', sport: 40_000, dport: 80, proto: 6 },
+      reply: { saddr: '10.244.1.11', daddr: '10.250.0.2', sport: 8080, dport: 40_000, proto: 6 },
+      status: 0, tcpState: 1, dnat: true, masqueraded: false, packets: [2, 0], bytes: [120, 0], kernelDrops: 0, countersFinal: false,
+      firstTsNs: 0n, lastTsNs: 3n * s, closed: false, drops: [], reset: false, icmpErrors: ['host unreachable'], rulePath: [], seen: [],
+    };
+    // The batch ended after the ICMP error: a window closes before the next batch.
+    live.observe([{ flow: f } as Ingested]);
+    delivered = 3n * s + 1_000_000n;
+    live.tick();
+    assert.deepEqual(said, [], 'not judged on the ICMP error alone, its drop not yet delivered');
+    // The next batch: the drop.
+    f.drops.push('NEIGH_FAILED');
+    live.observe([{ flow: f } as Ingested]);
+    delivered = 3n * s + 400_000_000n;
+    live.tick();
+    assert.equal(said.length, 1, `${said}`);
+    assert.match(said[0]!, /^NEIGHBOUR_FAILED 1 of 1 connections to 10\.244\.1\.11:8080/);
+    // Its final counters come later: the flow was judged, it is not counted again.
+    said.length = 0;
+    live.observe([{ flow: f } as Ingested]);
+    delivered = 20n * s;
+    live.tick();
+    live.stop();
+    assert.deepEqual(said, []);
+  });
+
   it('a diagnosis is said at once, again when its numbers change (at most every 15 s), and again after a minute', (t) => {
     t.mock.timers.enable({ apis: ['Date', 'setInterval'], now: 1_000_000 });
     const said: string[] = [];

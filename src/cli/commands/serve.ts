@@ -59,7 +59,7 @@ export function registerServe(program: Command): void {
         // Classic failures, live: sent to every client as Diagnosis messages,
         // and those in effect as svctrace_diagnosis_active.
         return [
-          liveDiagnoserSink(services, ctx.discovery, ctx.netns[0]!, (ds) => s.hub.broadcastDiagnoses(ds), { onActive: (a) => m.setDiagnoses(a) }),
+          liveDiagnoserSink(services, ctx.discovery, ctx.netns[0]!, (ds) => s.hub.broadcastDiagnoses(ds), { onActive: (a) => m.setDiagnoses(a), deliveredThrough: () => ctx.deliveredThrough() }),
           streamSink(s),
           metricsSink(m),
         ];

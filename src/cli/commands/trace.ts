@@ -39,6 +39,7 @@ export function registerTrace(program: Command): void {
               )
               .join(''),
           ),
+          { deliveredThrough: () => ctx.deliveredThrough() },
         );
         return opts.output === 'json'
           ? [jsonLinesSink(write, dropsOnly), diagnoser]

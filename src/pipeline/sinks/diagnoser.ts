@@ -25,10 +25,10 @@ export function liveDiagnoserSink(
   discovery: Discovery,
   netns: string,
   report: (d: LiveDiagnosis[]) => void,
-  opts: { windowMs?: number; onActive?: (active: LiveDiagnosis[]) => void } = {},
+  opts: { windowMs?: number; onActive?: (active: LiveDiagnosis[]) => void; deliveredThrough?: () => bigint } = {},
 ): Sink {
   const services = tracedServicesInRules(traced, discovery);
-  const live = new LiveDiagnoser(services, report, opts.windowMs ?? 5000, discovery.masqueradeRule, opts.onActive);
+  const live = new LiveDiagnoser(services, report, opts.windowMs ?? 5000, discovery.masqueradeRule, opts.onActive, opts.deliveredThrough);
   // An externalIP or LoadBalancer IP of a Service traced by name is in the rules too.
   // Rules that could not be read are not missing rules.
   const missing = discovery.readersMissing ? [] : traced.filter((s) => s.address && !findByAnyAddress(discovery, s.address, s.port, s.proto));
