@@ -50,6 +50,6 @@ $bb umount /proc /dev
 exec $bb switch_root /newroot "$init"
 INIT
 chmod +x "$work/init"
-(cd "$work" && find . | "$busybox" cpio -o -H newc 2>/dev/null | gzip -1) > "$out.tmp"
-mv "$out.tmp" "$out"
+(cd "$work" && find . | "$busybox" cpio -o -H newc 2>/dev/null | gzip -1) > "$out.tmp.$$"
+mv "$out.tmp.$$" "$out"
 echo "$out"
