@@ -12,9 +12,10 @@
  */
 import { after, before, describe } from 'node:test';
 import assert from 'node:assert/strict';
-import { ChildProcess, spawn } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { kernelTest, IS_ROOT, sleep } from '../helpers/kernel';
 import { FlowLog, TIME_SCALE, waitFor } from '../helpers/flows';
+import { conntrackDestroys } from '../helpers/conntrack-events';
 import { Lab } from '../../src/lab/lab';
 import { runIn } from '../../src/lab/exec';
 import { argvInNetns } from '../../src/netns/netns';
@@ -97,13 +98,9 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
 
   kernelTest('per-flow counters equal conntrack accounting exactly: TCP keep-alive (150 requests) and UDP', async () => {
     // The kernel's own account, read independently of svctrace.
-    const [cmd, ...args] = argvInNetns(lab.nodeNetns, ['conntrack', '-E', '-e', 'DESTROY', '-o', 'extended']);
-    const ct: ChildProcess = spawn(cmd!, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-    let ctOut = '';
-    ct.stdout!.on('data', (d) => (ctOut += d));
+    const ct = await conntrackDestroys(lab.nodeNetns);
     const { p, log } = await trace();
     try {
-      await sleep(300); // conntrack -E has joined its netlink group
       const tcpPort = await keepAlive(150);
       const dns = lab.service('kube-dns');
       const u = await runIn(lab.nodeNetns, [process.execPath, '-e', UDP_EXCHANGES, dns.clusterIP, '53', '40'], { timeoutMs: 20_000 });
@@ -114,8 +111,8 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
       await runIn(lab.nodeNetns, ['conntrack', '-D', '-p', 'udp', '--orig-port-src', String(udpPort)]);
       const flowOf = (port: number) => log.flowByClientPort(port);
       assert.ok(await waitFor(() => !!flowOf(tcpPort)?.countersFinal && !!flowOf(udpPort)?.countersFinal, 10_000), 'both flows ended with final counters');
-      const truth = () => ctOut.split('\n').map(parseDestroy).filter((x): x is CtCounters => !!x);
-      assert.ok(await waitFor(() => truth().some((c) => c.sport === tcpPort) && truth().some((c) => c.sport === udpPort), 5000), `conntrack -E saw both ends:\n${ctOut}`);
+      const truth = () => ct.text().split('\n').map(parseDestroy).filter((x): x is CtCounters => !!x);
+      assert.ok(await waitFor(() => truth().some((c) => c.sport === tcpPort) && truth().some((c) => c.sport === udpPort), 5000), `conntrack -E saw both ends:\n${ct.text()}`);
       for (const [port, proto] of [
         [tcpPort, 'tcp'],
         [udpPort, 'udp'],
@@ -130,7 +127,7 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
       }
       assert.ok(flowOf(tcpPort)!.packets[0] > 150, 'a request per packet at least');
     } finally {
-      ct.kill();
+      ct.stop();
       await p.stop();
     }
   });
@@ -217,13 +214,15 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
         const s = tracer.stats();
         return delivered === s.kernelEvents + s.ctDestroyEvents && s.recordsRead === s.kernelEvents;
       };
-      await waitFor(settled, 5_000);
+      const settledInTime = await waitFor(settled, 5_000);
       const st = tracer.stats();
+      // On a mismatch, every counter of every stage: where the records went.
+      const counters = () => `settled: ${settledInTime}, delivered to JS: ${delivered}, stats: ${JSON.stringify(st)}`;
       assert.ok(stalled, 'the consumer stalled');
       assert.ok(st.readerHeldBack > 0, `the reader held back while JS was stalled (${st.readerHeldBack})`);
       // Ring records (kernelEvents) plus the conntrack listener's (flows' ends).
-      assert.equal(delivered, st.kernelEvents + st.ctDestroyEvents, 'every record the kernel wrote reached JS');
-      assert.equal(st.recordsRead, st.kernelEvents);
+      assert.equal(delivered, st.kernelEvents + st.ctDestroyEvents, `every record the kernel wrote reached JS (${counters()})`);
+      assert.equal(st.recordsRead, st.kernelEvents, counters());
       assert.equal(st.readerLostAtClose, 0);
       assert.ok(st.ringbufLost > 0, `the ring overflowed during the stall and the kernel counted it (${st.ringbufLost})`);
     } finally {

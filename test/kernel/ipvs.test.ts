@@ -18,13 +18,12 @@
  */
 import { after, before, describe, TestContext } from 'node:test';
 import assert from 'node:assert/strict';
-import { ChildProcess, spawn } from 'node:child_process';
 import { kernelTest, IS_ROOT, netfilterLinks, sleep } from '../helpers/kernel';
 import { FlowLog, TIME_SCALE, waitFor } from '../helpers/flows';
+import { conntrackDestroys } from '../helpers/conntrack-events';
 import { explain } from '../../src/explain/explain';
 import { Lab } from '../../src/lab/lab';
 import { runIn } from '../../src/lab/exec';
-import { argvInNetns } from '../../src/netns/netns';
 import { Pipeline } from '../../src/pipeline/pipeline';
 import { parseNodePortSpec, parseServiceSpec } from '../../src/net/ipv4';
 import { svctrace } from '../../src/gen/svctrace';
@@ -68,10 +67,7 @@ describe('kube-proxy IPVS mode (kernel)', () => {
     const L: Lab = up;
     const web = L.service('web');
     // The kernel's own account of each entry, read apart from svctrace.
-    const [cmd, ...args] = argvInNetns(L.nodeNetns, ['conntrack', '-E', '-e', 'DESTROY', '-o', 'extended']);
-    const ct: ChildProcess = spawn(cmd!, args, { stdio: ['ignore', 'pipe', 'ignore'] });
-    let ctOut = '';
-    ct.stdout!.on('data', (d) => (ctOut += d));
+    const ct = await conntrackDestroys(L.nodeNetns);
     const log = new FlowLog();
     const p = await Pipeline.start(
       {
@@ -84,7 +80,6 @@ describe('kube-proxy IPVS mode (kernel)', () => {
       () => [{ name: 'test', write: log.add }],
     );
     try {
-      await sleep(300); // conntrack -E has joined its netlink group
       const N = 8;
       for (let i = 0; i < N; i++) assert.ok((await L.curl(`http://${web.clusterIP}/c${i}`, 'client')).ok, 'client -> VIP');
       for (let i = 0; i < 4; i++) assert.ok((await L.curl(`http://${web.clusterIP}/n${i}`, 'node')).ok, 'node -> VIP');
@@ -111,7 +106,7 @@ describe('kube-proxy IPVS mode (kernel)', () => {
         assert.ok(evs.some((e) => e.stage === S.STAGE_REPLY && e.packet?.src === vip), `${what}: the reply rewritten back to ${vip}`);
         assert.ok(evs.some((e) => e.stage === S.STAGE_DEVICE && e.device?.netns === pod.netns), `${what}: the crossing into ${pod.netns}`);
         // Counted once per packet, not again when IPVS sends it out.
-        const k = ctOut.split('\n').find((l) => l.includes(`sport=${f.orig.sport} `) && l.includes(`dst=${vip} `));
+        const k = ct.text().split('\n').find((l) => l.includes(`sport=${f.orig.sport} `) && l.includes(`dst=${vip} `));
         assert.ok(k, `${what}: conntrack's own DESTROY with counters`);
         const pk = [...k.matchAll(/packets=(\d+)/g)].map((m) => Number(m[1]));
         const by = [...k.matchAll(/bytes=(\d+)/g)].map((m) => Number(m[1]));
@@ -128,7 +123,7 @@ describe('kube-proxy IPVS mode (kernel)', () => {
         assert.equal(traced, conns, `real server ${pod.ip}: svctrace ${traced}, ipvsadm ${conns}\n${stats}`);
       }
     } finally {
-      ct.kill();
+      ct.stop();
       await p.stop();
     }
   });
