@@ -3,12 +3,13 @@
 # qemu on this machine's root filesystem, each running the kernel tests that
 # define svctrace's core path.
 #
-#   kernel (suite)                 backend     tests  why
-#   6.12 (bookworm-backports)      netfilter   full   the default where links exist; + the fault catalogue's IPVS column
-#   6.1  (bookworm)                fentry      full   no netfilter links (< 6.4): the managed-node case
-#   6.1  (bookworm)                kprobe      core   the fallback, on a kernel where fentry is the default
-#   6.12 (bookworm-backports)      fentry      core   a second backend on one kernel
-#   5.10 (bullseye)                kprobe      full   no netfilter links, no module BTF, no drop reasons (Amazon Linux 2's kernel line)
+#   row             kernel (suite)              backend    tests  why
+#   6.12:faults     6.12 (bookworm-backports)   netfilter  the fault catalogue's IPVS column (the host has no IPVS)
+#   6.12:netfilter  6.12                        netfilter  full   the default where links exist
+#   6.1:fentry      6.1 (bookworm)              fentry     full   no netfilter links (< 6.4): the managed-node case
+#   6.1:kprobe      6.1                         kprobe     core   the fallback, on a kernel where fentry is the default
+#   6.12:fentry     6.12                        fentry     core   a second backend on one kernel
+#   5.10:kprobe     5.10 (bullseye)             kprobe     full   no netfilter links, no module BTF, no drop reasons (Amazon Linux 2's kernel line)
 # "full" is every kernel test of the list below, in the backend `auto` picks
 # on that kernel (SVT_EXPECT_BACKEND asserts the pick), and it includes the
 # test comparing all the backends the kernel offers side by side on the same
@@ -17,10 +18,12 @@
 # bounded events, backpressure, IPVS), not the whole list again.
 # The host's own kernel runs the whole suite (npm test) with auto.
 #
-# Rows run in two lanes side by side (SVT_VM_LANES=1: one after another): the
-# row with the fault catalogue, whose guest mostly waits out its observation
-# windows, beside the others in turn. Every guest's waits are scaled
-# (SVT_TEST_TIME_SCALE, set by boot.sh under TCG).
+# The fault catalogue's guest mostly waits out observation windows (about
+# one core of this machine's two, on average), the other rows keep a guest's
+# two vCPUs busy: the catalogue runs in a lane of its own beside the other
+# rows in turn (SVT_VM_LANES=1: every row one after another). Two busy
+# guests side by side gain nothing: each ran at half speed. Every guest's
+# waits are scaled (SVT_TEST_TIME_SCALE, set by boot.sh under TCG).
 #
 # SVT_VM_ROWS="6.1:fentry 6.12:netfilter" picks rows; SVT_VM_TESTS (space-
 # separated dist/test paths) replaces every row's test list. Streams each
@@ -32,7 +35,7 @@ cd "$(dirname "$0")/../.."
 
 CORE_TESTS="dist/test/kernel/core-tracer.test.js dist/test/kernel/data-plane.test.js dist/test/kernel/ipvs.test.js"
 FULL_TESTS="dist/test/kernel/doctor.test.js dist/test/kernel/backends.test.js dist/test/kernel/first-trace.test.js $CORE_TESTS dist/test/kernel/trace-cli.test.js dist/test/kernel/concurrent.test.js dist/test/kernel/batching.test.js"
-ROWS=${SVT_VM_ROWS:-"6.12:netfilter 6.1:fentry 6.1:kprobe 6.12:fentry 5.10:kprobe"}
+ROWS=${SVT_VM_ROWS:-"6.12:faults 6.12:netfilter 6.1:fentry 6.1:kprobe 6.12:fentry 5.10:kprobe"}
 LANES=${SVT_VM_LANES:-2}
 # Each row boots in a few seconds; its tests take minutes under TCG.
 ROW_TIMEOUT=${SVT_VM_ROW_TIMEOUT:-1500}
@@ -68,12 +71,10 @@ trap 'exit 130' INT TERM
 # run_row ROW PREFIX: boots the row's kernel, runs its tests, records its result in $state.
 run_row() {
   local row=$1 prefix=$2
-  local kernel=${row%%:*} backend=${row#*:}
+  local kernel=${row%%:*} kind=${row#*:}
   local release=${release_of[$kernel]}
-  local log=$logdir/$release-$backend.log
-  local start require expect tests timeout died_once= rc attempt
-  echo "${prefix}=== vm-matrix: Linux $release, backend $backend (log: $log)"
-  start=$(date +%s)
+  local log=$logdir/$release-$kind.log
+  local start require expect backend tests what timeout died_once= rc attempt
   # The backends each kernel must offer (compared side by side), and the one
   # auto must pick there.
   case $kernel in
@@ -82,15 +83,17 @@ run_row() {
     5.10) require="kprobe" expect=kprobe ;;
     *) require= expect= ;;
   esac
-  if [ -n "${SVT_VM_TESTS:-}" ]; then tests=$SVT_VM_TESTS
-  elif [ "$backend" = "$expect" ]; then tests=$FULL_TESTS
-  else tests=$CORE_TESTS
+  backend=$kind timeout=$ROW_TIMEOUT
+  if [ "$kind" = faults ]; then
+    # The fault catalogue's IPVS column, in the kernel's own backend: about
+    # 80 s a fault under TCG.
+    backend=$expect tests=dist/test/kernel/fault-catalogue.test.js timeout=$((ROW_TIMEOUT + 1500)) what="the fault catalogue's IPVS column"
+  elif [ "$backend" = "$expect" ]; then tests=$FULL_TESTS what="the full list"
+  else tests=$CORE_TESTS what="the core path"
   fi
-  timeout=$ROW_TIMEOUT
-  # The fault catalogue's IPVS column (the host has no IPVS) runs once, in
-  # the default row of the newest kernel: about 70 s a fault under TCG.
-  if [ -z "${SVT_VM_TESTS:-}" ] && [ "$row" = 6.12:netfilter ]; then tests="$tests dist/test/kernel/fault-catalogue.test.js"; fi
-  case $tests in *fault-catalogue*) timeout=$((ROW_TIMEOUT + 1500)) ;; esac
+  if [ -n "${SVT_VM_TESTS:-}" ]; then tests=$SVT_VM_TESTS what="SVT_VM_TESTS"; fi
+  echo "${prefix}=== vm-matrix: Linux $release, backend $backend, $what (log: $log)"
+  start=$(date +%s)
   for attempt in 1 2; do
     # Debian's kernels have IPVS: the kube-proxy IPVS mode test must run.
     # shellcheck disable=SC2086
@@ -112,16 +115,16 @@ run_row() {
   done
   local took=$(( $(date +%s) - start ))
   local pass fail line
-  pass=$(grep -E '^ℹ pass ' "$log" | tail -n1 | awk '{print $3}' || true)
-  fail=$(grep -E '^ℹ fail ' "$log" | tail -n1 | awk '{print $3}' || true)
-  line=$(printf '%-28s %-10s %s pass, %s fail, %ss' "$release" "$backend" "${pass:-?}" "${fail:-?}" "$took")
+  pass=$(grep -E '^ℹ pass ' "$log" | tail -n1 | awk '{print $3}' | tr -d '\r' || true)
+  fail=$(grep -E '^ℹ fail ' "$log" | tail -n1 | awk '{print $3}' | tr -d '\r' || true)
+  line=$(printf '%-28s %-10s %s pass, %s fail, %ss' "$release" "$kind" "${pass:-?}" "${fail:-?}" "$took")
   if [ -n "$died_once" ]; then line="$line  (guest kernel died on the first run: $died_once)"; fi
   if [ "$rc" != 0 ]; then
     line="$line  FAILED (exit $rc)"
     # The streamed lines show which test failed, not why: the reporter's own
     # account of each failure (assertion, values) is at the end of the log,
     # which a CI machine does not keep.
-    { echo "=== vm-matrix: why $release $backend failed (end of $log)"
+    { echo "=== vm-matrix: why $release $kind failed (end of $log)"
       sed -n '/^✖ failing tests:/,$p' "$log" | head -n 150 || true
     } > "$state/$row.why"
   fi
@@ -141,10 +144,10 @@ run_lane() {
 if [ "$LANES" = 1 ]; then
   run_lane $ROWS
 else
-  # Lane one: the row with the fault catalogue, or the first row; lane two: the others.
+  # Lane one: the fault catalogue's row, or the first row; lane two: the others.
   first=
   for row in $ROWS; do
-    if [ "$row" = 6.12:netfilter ] && [ -z "${SVT_VM_TESTS:-}" ]; then first=$row; fi
+    if [ "${row#*:}" = faults ]; then first=$row; fi
   done
   [ -n "$first" ] || first=${ROWS%% *}
   rest=()
