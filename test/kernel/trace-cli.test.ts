@@ -10,7 +10,7 @@ import { execFileSync, spawn, ChildProcess } from 'node:child_process';
 import path from 'node:path';
 import protobuf from 'protobufjs';
 import { dropReasonName, kernelTest, IS_ROOT, natStagePriority, netfilterLinks, sleep } from '../helpers/kernel';
-import { waitFor } from '../helpers/flows';
+import { TIME_SCALE, waitFor } from '../helpers/flows';
 import { Lab } from '../../src/lab/lab';
 import { runIn } from '../../src/lab/exec';
 
@@ -172,8 +172,10 @@ describe('svctrace trace CLI (kernel)', () => {
       (await runIn(lab.nodeNetns, ['conntrack', '-L', '-p', 'tcp', '--orig-dst', '10.96.0.100', '--reply-src', pod1.ip], { allowFail: true })).stdout
         .split('\n')
         .filter((l) => l.includes(`src=${pod1.ip}`)).length >= 2;
+    // A healthy pod answers well within the limit (scaled: a busy emulated
+    // guest once took 945 ms, and curl's abort made a failed flow of it).
     while (n < 9 || (!(await toPod1()) && n < 40)) {
-      await lab.curl('http://10.96.0.100/', 'node', ['--max-time', '1']);
+      await lab.curl('http://10.96.0.100/', 'node', ['--max-time', String(TIME_SCALE)]);
       n++;
     }
     await sleep(300);
