@@ -15,7 +15,8 @@ import { Dir, EventKind, StatsReason } from '../events/layout';
 import { destTranslated, IPS_CONFIRMED, IPS_DST_NAT, IPS_SRC_NAT } from '../events/conntrack';
 import { wallNs } from '../clock';
 import { TCP_CT_STATES } from '../events/conntrack';
-import { longFromBigint, protoTuple, toProtoEvent } from './to-proto';
+import { EventContext, longFromBigint, protoTuple } from './to-proto';
+import { KernelIngested } from './ingested';
 import { BENIGN_DROPS, Classification, classifyEvent, inferredRulePathSummary, MARKER_TABLE_PREFIX, rulePathOf, tcpStateLeft } from './classify';
 import { serviceLabelById } from './service-ids';
 import { endpoint, flat, internKey, sameTuple, tupleKey } from './tuple';
@@ -226,6 +227,20 @@ export class FlowTable implements FlowTableView {
       icmpErrors: [],
       rulePath: [],
       seen: [],
+      // The optional fields too, from the start: every flow then has one
+      // shape, and the model's and the encoder's reads of flows stay fast
+      // (flows that gained fields in different orders had a dozen shapes).
+      backend: undefined,
+      backendOf: undefined,
+      backendKey: undefined,
+      backendNetns: undefined,
+      closedTsNs: undefined,
+      replyDrops: undefined,
+      backendReset: undefined,
+      backendRefused: undefined,
+      ruleTraces: undefined,
+      backendDropRule: undefined,
+      wire: undefined,
     };
     if (indexed) {
       this.byKey.set(key, f);
@@ -490,7 +505,7 @@ export class FlowTable implements FlowTableView {
     // No text is made here: sinks that show an event render its account
     // from the event (output/event-summary).
     const entry: TimelineEntry = { tsNs: e.tsNs, stage, milestone: c.milestone || left !== 0, stateChange: left !== 0 };
-    const event = toProtoEvent(e, {
+    const context: EventContext = {
       flowId: f.id,
       ctId: f.ctId,
       service: f.service,
@@ -501,9 +516,9 @@ export class FlowTable implements FlowTableView {
       backendNetns: f.backendNetns,
       podSide: c.podSide,
       tcpStateBefore: left ? TCP_CT_STATES[left] ?? String(left) : undefined,
-    });
-    if (e.kind === EventKind.DROP && BENIGN_DROPS.has(this.dropReasonName(e.reason))) event.benignDrop = true;
-    return { flow: f, event, entry };
+    };
+    if (e.kind === EventKind.DROP && BENIGN_DROPS.has(this.dropReasonName(e.reason))) context.benignDrop = true;
+    return new KernelIngested(f, entry, e, context);
   }
 
   private readonly classifyContext = { dropReasonName: (r: number) => this.dropReasonName(r), netnsName: (ino: number) => this.opts.netnsName?.(ino) };

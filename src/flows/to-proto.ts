@@ -51,17 +51,38 @@ export interface EventContext {
   podSide?: boolean;
   /** The TCP state this event left, when it moved conntrack's TCP state. */
   tcpStateBefore?: string;
+  /** Drops: a normal end of a packet's life, not a failure. */
+  benignDrop?: boolean;
+  /** From the Kubernetes API, when it knows them (pipeline/api-names). */
+  serviceName?: string | null;
+  backendPod?: string | null;
+}
+
+/** Event.kind of a kernel record. */
+export function protoKind(e: KernelEvent): pb.EventKind {
+  return KIND[e.kind] ?? pb.EventKind.EVENT_KIND_UNSPECIFIED;
+}
+
+/** Event.direction of a kernel record. */
+export function protoDirection(e: KernelEvent): pb.Direction {
+  return e.dir === Dir.REPLY ? pb.Direction.DIRECTION_REPLY : pb.Direction.DIRECTION_ORIGINAL;
+}
+
+/** Event.conntrack.tcp_state of a kernel record ('' for other protocols); undefined when its event has no conntrack state. */
+export function protoTcpState(e: KernelEvent): string | undefined {
+  if (!hasConntrack(e)) return undefined;
+  return e.ctOrig.proto === 6 ? TCP_CT_STATES[e.ctTcpState] ?? String(e.ctTcpState) : '';
 }
 
 /** The wire event of a kernel record; no summary (rendered at the edge: output/event-summary). */
 export function toProtoEvent(e: KernelEvent, ctx: EventContext): pb.IEvent {
   const out: pb.IEvent = {
     tsNs: longFromBigint(wallNs(e.tsNs)),
-    kind: KIND[e.kind] ?? pb.EventKind.EVENT_KIND_UNSPECIFIED,
+    kind: protoKind(e),
     flowId: ctx.flowId,
     service: ctx.service,
     stage: ctx.stage,
-    direction: e.dir === Dir.REPLY ? pb.Direction.DIRECTION_REPLY : pb.Direction.DIRECTION_ORIGINAL,
+    direction: protoDirection(e),
     cpu: e.cpu,
   };
   if (e.capture) out.packetData = e.capture;
@@ -78,7 +99,7 @@ export function toProtoEvent(e: KernelEvent, ctx: EventContext): pb.IEvent {
       original: protoTuple(e.ctOrig),
       reply: protoTuple(e.ctReply),
       status: e.ctStatus,
-      tcpState: e.ctOrig.proto === 6 ? TCP_CT_STATES[e.ctTcpState] ?? String(e.ctTcpState) : '',
+      tcpState: protoTcpState(e),
       mark: e.ctMark,
       zone: e.ctZone,
       timeoutMs: e.ctTimeoutMs,
@@ -108,6 +129,9 @@ export function toProtoEvent(e: KernelEvent, ctx: EventContext): pb.IEvent {
     out.icmpType = e.icmpType;
     out.icmpCode = e.icmpCode;
   }
+  if (ctx.benignDrop) out.benignDrop = true;
+  if (ctx.serviceName) out.serviceName = ctx.serviceName;
+  if (ctx.backendPod) out.backendPod = ctx.backendPod;
   return out;
 }
 

@@ -76,6 +76,8 @@ export interface Flow {
   backendDropRule?: string;
   /** Milestones already reported, e.g. 'dnat', 'dev:0:recv:veth2:123' (a few, shared strings: a short array is smaller than a Set). */
   seen: string[];
+  /** The stream encoder's claim on a slot of its bytes (stream/kernel-event-encoder.ts); opaque to the model. */
+  wire?: unknown;
 }
 
 /** One event as the flow table hands it on: its flow, the wire event, and its timeline entry. */

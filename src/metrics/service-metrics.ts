@@ -13,6 +13,7 @@
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { svctrace } from '../gen/svctrace';
 import type { Flow, Ingested } from '../flows/types';
+import { itemApiNames, itemBackend, itemDirection, itemTcpState } from '../flows/ingested';
 import { SeriesCap } from './series-cap';
 
 import pb = svctrace.v1;
@@ -180,7 +181,8 @@ export class ServiceMetrics {
 
   /** A batch of ingested events (kernel order). */
   observe(items: readonly Ingested[]): void {
-    for (const { flow, event, entry } of items) {
+    for (const item of items) {
+      const { flow, entry } = item;
       let m = this.marks.get(flow);
       if (!m) {
         m = { attempted: false, connected: false, masqueraded: false, reset: false, icmpErrors: 0, drops: 0, replied: false, established: false };
@@ -194,15 +196,18 @@ export class ServiceMetrics {
       // Timing comes from the events, not the flow: a batch is observed
       // after the table took all of it, so the flow already holds its last
       // state. An event's backend is the flow's as of that event.
-      if (!m.connected && event.backend) {
+      // The items' fields are read without making their wire events (flows/ingested).
+      const eventBackend = m.connected ? undefined : itemBackend(item);
+      if (eventBackend) {
         m.connected = true;
         m.dnatNs = entry.tsNs;
-        if (this.inc(this.connections, 'svctrace_connections_total', [service, event.serviceName ?? '', event.backend, event.backendPod ?? '', this.opts.node])) {
+        const names = itemApiNames(item);
+        if (this.inc(this.connections, 'svctrace_connections_total', [service, names.serviceName, eventBackend, names.backendPod, this.opts.node])) {
           this.perService.set(service, (this.perService.get(service) ?? 0) + 1);
-          const key = `${service}\u0000${event.backend}`;
+          const key = `${service}\u0000${eventBackend}`;
           const b = this.perBackend.get(key);
           if (b) b.n++;
-          else this.perBackend.set(key, { service, backend: event.backend, n: 1 });
+          else this.perBackend.set(key, { service, backend: eventBackend, n: 1 });
         }
       }
       if (!m.masqueraded && flow.masqueraded) {
@@ -214,15 +219,16 @@ export class ServiceMetrics {
         this.inc(this.errors, 'svctrace_connection_errors_total', [service, 'reset']);
       }
       for (; m.icmpErrors < flow.icmpErrors.length; m.icmpErrors++) this.inc(this.errors, 'svctrace_connection_errors_total', [service, 'icmp']);
-      if (event.stage === pb.Stage.STAGE_DROP && !event.benignDrop && event.dropReasonName) {
-        this.inc(this.drops, 'svctrace_drops_total', [service, event.dropReasonName]);
+      if (entry.stage === pb.Stage.STAGE_DROP) {
+        const event = item.event;
+        if (event.stage === pb.Stage.STAGE_DROP && !event.benignDrop && event.dropReasonName) this.inc(this.drops, 'svctrace_drops_total', [service, event.dropReasonName]);
       }
       const backend = flow.backend ?? '';
-      if (!m.replied && m.dnatNs !== undefined && event.direction === pb.Direction.DIRECTION_REPLY) {
+      if (!m.replied && m.dnatNs !== undefined && itemDirection(item) === pb.Direction.DIRECTION_REPLY) {
         m.replied = true;
         this.observeSeconds(this.firstReply, 'svctrace_first_reply_seconds', [service, backend], entry.tsNs - m.dnatNs);
       }
-      if (!m.established && event.conntrack?.tcpState === 'ESTABLISHED') {
+      if (!m.established && itemTcpState(item) === 'ESTABLISHED') {
         m.established = true;
         this.observeSeconds(this.setup, 'svctrace_connection_setup_seconds', [service, backend], entry.tsNs - flow.firstTsNs);
       }

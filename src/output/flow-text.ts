@@ -12,6 +12,11 @@ import { eventSummary, isFailureEvent, stageLabel } from './event-summary';
 
 export { isFailureEvent, stageLabel };
 
+/** A failure event (drop, reset, ICMP error) among ingested items: only drops' wire events are looked at (made). */
+export function isFailureItem(item: Ingested): boolean {
+  return item.entry.stage === pb.Stage.STAGE_DROP && isFailureEvent(item.event);
+}
+
 import pb = svctrace.v1;
 
 
@@ -70,8 +75,10 @@ export class FlowTextPrinter {
   /** Prints the milestones among `items`. */
   print(items: Ingested[]): void {
     const lines: string[] = [];
-    for (const { flow, entry, event } of items) {
+    for (const item of items) {
+      const { flow, entry } = item;
       if (!entry.milestone) continue;
+      const event = item.event; // made only for what is printed
       if (!this.headerPrinted.has(flow.id)) {
         this.headerPrinted.add(flow.id);
         lines.push(this.paint('1', `[flow ${flow.id}] ${PROTO_NAMES[flow.proto] ?? flow.proto} ${flow.orig.saddr}:${flow.orig.sport} -> ${flow.orig.daddr}:${flow.orig.dport} (service ${flow.service})`));

@@ -1,5 +1,4 @@
 /** Names events from the Kubernetes API: the Service's namespace/name:port and the backend pod. */
-import type { svctrace } from '../gen/svctrace';
 import type { Cluster } from '../k8s/cluster';
 import type { Flow } from '../flows/types';
 import { PROTO_NAMES } from '../events/conntrack';
@@ -10,8 +9,8 @@ export class ApiNames {
 
   constructor(private readonly cluster: Cluster) {}
 
-  /** Sets serviceName and backendPod on an event of flow `f`, when the API knows them. */
-  name(f: Flow, e: svctrace.v1.IEvent): void {
+  /** The Service's and the backend pod's names for the events of flow `f`, when the API knows them. */
+  names(f: Flow): { service?: string; pod?: string } {
     let n = this.byFlow.get(f);
     if (!n) {
       const at = this.cluster.serviceAt(f.orig.daddr, f.orig.dport, PROTO_NAMES[f.proto] ?? '');
@@ -23,7 +22,6 @@ export class ApiNames {
       n.pod = this.cluster.podAt(f.reply.saddr);
       n.podLooked = true;
     }
-    if (n.service) e.serviceName = n.service;
-    if (n.pod) e.backendPod = n.pod;
+    return n;
   }
 }

@@ -28,6 +28,7 @@ import { NetnsNames } from '../flows/netns-names';
 import { flowToProto } from '../flows/to-proto';
 import { serviceLabel } from '../flows/service-ids';
 import type { Flow, FlowSummary, FlowTableView, Ingested } from '../flows/types';
+import { nameItem } from '../flows/ingested';
 import type { HubSource } from '../stream/hub';
 import type { svctrace } from '../gen/svctrace';
 import { Tracer, TracerStats } from '../tracer/tracer';
@@ -221,10 +222,11 @@ export class Pipeline {
 
   private deliver(items: Ingested[]): void {
     if (!this.delivering || !items.length) return;
-    for (const { flow, event } of items) {
+    for (const item of items) {
+      const flow = item.flow;
       if (flow.backendNetns && flow.dnat) this.backendNetns.set(flow.reply.saddr, flow.backendNetns);
       this.changed?.set(flow.id, flow);
-      this.apiNames?.name(flow, event);
+      if (this.apiNames) nameItem(item, this.apiNames.names(flow));
     }
     this.sinks.write(items);
   }

@@ -141,14 +141,14 @@ export class ClientConn {
    */
   offer(batch: EncodedBatch): void {
     if (this.closed || this.paused) return;
-    const { events, bytes, ends } = batch;
+    const { count, bytes, ends } = batch;
     if (this.filter === ACCEPT_ALL) {
       this.pending.push(bytes);
-      this.pendingEvents += events.length;
+      this.pendingEvents += count;
     } else {
       let runStart = -1;
-      for (let i = 0; i <= events.length; i++) {
-        const wanted = i < events.length && this.filter(events[i]!);
+      for (let i = 0; i <= count; i++) {
+        const wanted = i < count && this.filter(batch.event(i));
         if (wanted && runStart < 0) runStart = i;
         if (!wanted && runStart >= 0) {
           this.pending.push(bytes.subarray(runStart ? ends[runStart - 1] : 0, ends[i - 1]));

@@ -18,7 +18,7 @@ import { EventWriter } from './event-writer';
 import pb = svctrace.v1;
 
 // Tags: field number << 3 | wire type (0 varint, 2 length-delimited).
-const enum Tag {
+export const enum Tag {
   // Event
   TS_NS = 8,
   KIND = 16,

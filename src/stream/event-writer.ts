@@ -45,6 +45,11 @@ export class EventWriter {
     return Uint8Array.prototype.slice.call(this.buf, 0, this.len);
   }
 
+  /** What was written, without a copy: valid until the next write. */
+  written(): Uint8Array {
+    return this.buf.subarray(0, this.len);
+  }
+
   private room(n: number): void {
     if (this.len + n <= this.buf.length) return;
     let size = this.buf.length * 2;
@@ -94,6 +99,11 @@ export class EventWriter {
       return this.varint64(lo, hi);
     }
     return this.varint64(value.low, value.high);
+  }
+
+  /** A uint64 given as its low and high 32 bits, as uint64() writes it. */
+  uint64Words(low: number, high: number): this {
+    return this.varint64(low, high);
   }
 
   private varint64(low: number, high: number): this {
@@ -167,11 +177,29 @@ export class EventWriter {
     return this;
   }
 
-  /** Bytes as they are (fields a decoder kept from a newer schema). */
+  /** Bytes as they are (fields a decoder kept from a newer schema, sub-messages encoded before). */
   raw(data: Uint8Array): this {
-    this.room(data.length);
-    this.buf.set(data, this.len);
-    this.len += data.length;
+    const n = data.length;
+    this.room(n);
+    if (n < 64) {
+      // A short copy costs less as a loop than as a call to TypedArray.set.
+      const b = this.buf;
+      const o = this.len;
+      for (let i = 0; i < n; i++) b[o + i] = data[i]!;
+    } else {
+      this.buf.set(data, this.len);
+    }
+    this.len += n;
+    return this;
+  }
+
+  /** Bytes [at, at + n) of `src`, as they are. */
+  rawRange(src: Uint8Array, at: number, n: number): this {
+    this.room(n);
+    const b = this.buf;
+    const o = this.len;
+    for (let i = 0; i < n; i++) b[o + i] = src[at + i]!;
+    this.len += n;
     return this;
   }
 

@@ -7,6 +7,9 @@ import protobuf from 'protobufjs/minimal';
 import { svctrace } from '../gen/svctrace';
 import { EventWriter } from './event-writer';
 import { encodeEvent } from './event-encoder';
+import { encodeKernelEvent } from './kernel-event-encoder';
+import { KernelIngested } from '../flows/ingested';
+import type { Ingested } from '../flows/types';
 
 import pb = svctrace.v1;
 
@@ -19,7 +22,10 @@ export const PROTOCOL_VERSION = pb.ProtocolVersion.PROTOCOL_VERSION_1;
  * of such ranges: a client that takes the whole batch takes one range.
  */
 export interface EncodedBatch {
-  events: pb.IEvent[];
+  /** How many events. */
+  count: number;
+  /** Event i as a message, for clients that filter (an item's is made then, not before). */
+  event(i: number): pb.IEvent;
   bytes: Uint8Array;
   ends: Uint32Array;
 }
@@ -36,17 +42,42 @@ const EVENT_LENGTH_BYTES = 2;
 /** One writer for every batch (encoding is synchronous): its buffer is reused. */
 const writer = new EventWriter();
 
-/** Encodes a batch once, into one buffer (no buffer or view per event). */
-export function encodeEvents(events: pb.IEvent[]): EncodedBatch {
+/** Encodes n events once, into one buffer (no buffer or view per event): `write` writes event i's fields. */
+function encodeBatch(n: number, write: (i: number, w: EventWriter) => void, event: (i: number) => pb.IEvent): EncodedBatch {
   const w = writer;
   w.reset();
-  const ends = new Uint32Array(events.length);
-  for (let i = 0; i < events.length; i++) {
-    encodeEvent(events[i]!, w.uint32(BATCH_EVENT_TAG).fork(EVENT_LENGTH_BYTES));
+  const ends = new Uint32Array(n);
+  for (let i = 0; i < n; i++) {
+    write(i, w.uint32(BATCH_EVENT_TAG).fork(EVENT_LENGTH_BYTES));
     w.ldelim();
     ends[i] = w.len;
   }
-  return { events, bytes: w.finish(), ends };
+  return { count: n, event, bytes: w.finish(), ends };
+}
+
+/** Encodes a batch of events once. */
+export function encodeEvents(events: pb.IEvent[]): EncodedBatch {
+  return encodeBatch(events.length, (i, w) => encodeEvent(events[i]!, w), (i) => events[i]!);
+}
+
+/**
+ * One item's Event (its fields, no length): from the kernel record when
+ * nobody made its wire event; from the event when somebody did (a sink, the
+ * API names), as its holder may have changed it.
+ */
+export function writeItem(item: Ingested, w: EventWriter): void {
+  if (item instanceof KernelIngested && !item.materialized) encodeKernelEvent(item, w);
+  else encodeEvent(item.event, w);
+}
+
+/**
+ * Encodes the flow table's items once. A kernel record whose event nobody
+ * made is written from the record (kernel-event-encoder); an event that
+ * was made, by a sink or the API names, is written from the event, which
+ * is what its holder may have changed.
+ */
+export function encodeItems(items: readonly Ingested[]): EncodedBatch {
+  return encodeBatch(items.length, (i, w) => writeItem(items[i]!, w), (i) => items[i]!.event);
 }
 
 /** Event i of a batch, as its EventBatch.events field. */

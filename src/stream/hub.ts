@@ -8,7 +8,8 @@ import crypto from 'node:crypto';
 import WebSocket from 'ws';
 import { svctrace } from '../gen/svctrace';
 import { ClientConn } from './client-conn';
-import { encodeEvents, serverFrame } from './frames';
+import { encodeEvents, encodeItems, serverFrame } from './frames';
+import type { Ingested } from '../flows/types';
 import { StreamLimits, DEFAULT_LIMITS, CLOSE } from './limits';
 import { VERSION } from '../version';
 import { nodeName } from '../node-name';
@@ -102,6 +103,15 @@ export class Hub {
     this.eventsTotal += events.length;
     if (!this.clients.size) return;
     const encoded = encodeEvents(events);
+    for (const c of this.clients) c.offer(encoded);
+  }
+
+  /** Publishes the flow table's items (their events, encoded once for every client). */
+  publishItems(items: readonly Ingested[]): void {
+    if (!items.length) return;
+    this.eventsTotal += items.length;
+    if (!this.clients.size) return;
+    const encoded = encodeItems(items);
     for (const c of this.clients) c.offer(encoded);
   }
 

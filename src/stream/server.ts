@@ -3,6 +3,7 @@
  * event stream), /healthz, /metrics, and / (the dashboard, when built).
  * Authentication and origin checks happen before the WebSocket upgrade.
  */
+import type { Ingested } from '../flows/types';
 import http from 'node:http';
 import https from 'node:https';
 import type { Duplex } from 'node:stream';
@@ -111,6 +112,11 @@ export class StreamServer {
 
   publish(events: pb.IEvent[]): void {
     this.hub.publish(events);
+  }
+
+  /** The flow table's items: see StreamHub.publishItems. */
+  publishItems(items: readonly Ingested[]): void {
+    this.hub.publishItems(items);
   }
 
   private onRequest(req: http.IncomingMessage, res: http.ServerResponse): void {

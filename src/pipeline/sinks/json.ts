@@ -1,6 +1,6 @@
 /** JSON lines (`trace -o json`): every event as one proto3-JSON svctrace.v1.Event per line. */
 import { eventToJson } from '../../flows/to-proto';
-import { isFailureEvent } from '../../output/flow-text';
+import { isFailureItem } from '../../output/flow-text';
 import type { Sink } from '../sink';
 
 /** `dropsOnly`: only the failure events (drops, resets, ICMP errors). */
@@ -8,7 +8,7 @@ export function jsonLinesSink(write: (s: string) => void, dropsOnly = false): Si
   return {
     name: 'json',
     write: (items) => {
-      const shown = dropsOnly ? items.filter((i) => isFailureEvent(i.event)) : items;
+      const shown = dropsOnly ? items.filter(isFailureItem) : items;
       if (shown.length) write(shown.map((i) => eventToJson(i.event)).join('\n') + '\n');
     },
   };

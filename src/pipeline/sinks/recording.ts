@@ -4,7 +4,6 @@
  * most the last half second); on close, the last chunk and the trailer with
  * the counters, and the file is closed.
  */
-import protobuf from 'protobufjs/minimal';
 import { svctrace } from '../../gen/svctrace';
 import { longFromBigint } from '../../flows/to-proto';
 import type { KeyObject } from 'node:crypto';
@@ -12,6 +11,8 @@ import { ChunkType, ChunkWriter } from '../../record/format';
 import { keyId, signChainHead } from '../../record/signing';
 import type { Ingested } from '../../flows/types';
 import type { Sink } from '../sink';
+import { EventWriter } from '../../stream/event-writer';
+import { writeItem } from '../../stream/frames';
 
 import pb = svctrace.v1;
 
@@ -26,8 +27,8 @@ export class RecordingSink implements Sink {
   events = 0;
   /** The trailer written at close. */
   trailer: pb.IRecordingTrailer | undefined;
-  private pending = protobuf.Writer.create();
-  private pendingBytes = 0;
+  /** The next EVENTS chunk: each event length-delimited, written by the stream's encoders (no message objects for kernel records). */
+  private readonly pending = new EventWriter();
   private full = false;
   private readonly flushTimer: NodeJS.Timeout;
 
@@ -50,25 +51,24 @@ export class RecordingSink implements Sink {
 
   /** Bytes written so far, including what is waiting to be flushed. */
   get bytes(): number {
-    return this.writer.bytes + this.pendingBytes;
+    return this.writer.bytes + this.pending.len;
   }
 
   write(items: Ingested[]): void {
     if (this.full) return;
-    for (const { event } of items) {
-      const bytes = pb.Event.encode(event).finish();
-      this.pending.bytes(bytes); // length-delimited
-      this.pendingBytes += bytes.length + 5;
+    const w = this.pending;
+    for (const item of items) {
+      writeItem(item, w.fork(2)); // length-delimited, as protobufjs's Writer.bytes() writes it
+      w.ldelim();
       this.events++;
     }
-    if (this.pendingBytes >= FLUSH_BYTES) this.flush();
+    if (w.len >= FLUSH_BYTES) this.flush();
   }
 
   private flush(): void {
-    if (!this.pendingBytes) return;
+    if (!this.pending.len) return;
     this.writer.write(ChunkType.EVENTS, this.pending.finish());
-    this.pending = protobuf.Writer.create();
-    this.pendingBytes = 0;
+    this.pending.reset();
     if (this.opts.maxBytes && this.writer.bytes >= this.opts.maxBytes && !this.full) {
       this.full = true;
       this.opts.onFull?.();

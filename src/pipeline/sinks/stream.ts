@@ -5,7 +5,7 @@ import type { Sink } from '../sink';
 export function streamSink(server: StreamServer): Sink {
   return {
     name: 'stream',
-    write: (items) => server.publish(items.map((i) => i.event)),
+    write: (items) => server.publishItems(items),
     close: () => server.close(),
   };
 }

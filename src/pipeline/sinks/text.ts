@@ -1,12 +1,12 @@
 /** The text timeline (`trace`, the demo): one line per milestone of each flow. */
-import { flowFailed, flowLine, FlowTextPrinter, isFailureEvent } from '../../output/flow-text';
+import { flowFailed, flowLine, FlowTextPrinter, isFailureItem } from '../../output/flow-text';
 import type { FlowTableView } from '../../flows/types';
 import type { Sink } from '../sink';
 
 /** `dropsOnly`: only the failures (drops, resets, ICMP errors), each under its flow's header. */
 export function textTimelineSink(write: (s: string) => void, color: boolean, backendName: (addr: string) => string | undefined, dropsOnly = false): Sink {
   const printer = new FlowTextPrinter(write, color, backendName);
-  return { name: 'text', write: (items) => printer.print(dropsOnly ? items.filter((i) => isFailureEvent(i.event)) : items) };
+  return { name: 'text', write: (items) => printer.print(dropsOnly ? items.filter(isFailureItem) : items) };
 }
 
 /**

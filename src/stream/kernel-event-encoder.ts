@@ -1,0 +1,280 @@
+/**
+ * A kernel record's svctrace.v1.Event bytes, written from the decoded record
+ * and its flow context (flows/ingested.ts) without making the message
+ * objects first: the stream's hot path, where a busy node's every event
+ * goes. Writes exactly what `encodeEvent(toProtoEvent(record, context))`
+ * writes, field by field in the same order; test/unit/kernel-event-encoder.test.ts
+ * checks that byte for byte on records of every kind, and
+ * test/unit/event-writer.test.ts checks encodeEvent against the generated
+ * encoder, so the .proto stays the one definition of the bytes.
+ *
+ * Most of an event's bytes are its flow's, the same on every event: they
+ * are encoded once per flow and copied after that (WireSlot).
+ */
+import { EventKind, NfStage } from '../events/layout';
+import type { KernelEvent, Tuple } from '../events/decode';
+import { tcpFlagNames } from '../events/conntrack';
+import type { KernelIngested } from '../flows/ingested';
+import type { Flow } from '../flows/types';
+import { hasConntrack, protoDirection, protoKind, protoTcpState } from '../flows/to-proto';
+import { wallNsWords } from '../clock';
+import { EventWriter } from './event-writer';
+import { Tag } from './event-encoder';
+
+/**
+ * A flow's bytes that stay the same from event to event, encoded once and
+ * copied after: its tuples (at most MAX_TUPLES: a flow has about four, a
+ * fifth is encoded each time), and three runs of fields: flow id and
+ * service; the conntrack id with the original and reply tuples; backend and
+ * its namespace. A run is encoded again when what it was made of changed.
+ *
+ * The bytes live in a fixed pool of MAX_WIRED slots, each with a slab of
+ * SLAB_BYTES: a flow claims the next slot when it has none (or lost its
+ * own), taking it from the flow that had it. Memory is the pool's, whatever
+ * the number of flows (kept per flow, the bytes were 40 MB of a storm's RSS),
+ * and a claim allocates nothing (with more flows than slots, taking turns,
+ * the encoder does what it would without the pool, and a copy).
+ */
+const MAX_TUPLES = 6;
+const MAX_WIRED = 1024;
+/** A flow's runs and tuples are about 330 bytes; a slab that is full keeps what it has and takes no more. */
+const SLAB_BYTES = 512;
+
+class WireSlot {
+  /** Which claim holds the slot (Flow.wire of the flow that made it). */
+  claim = 0;
+  readonly slab = new Uint8Array(SLAB_BYTES);
+  used = 0;
+  readonly keys: Tuple[] = [];
+  readonly tupleAt: number[] = [];
+  readonly tupleLen: number[] = [];
+  headAt = -1;
+  headLen = 0;
+  headId = 0;
+  headService = '';
+  ctAt = -1;
+  ctLen = 0;
+  ctId = '';
+  ctOrigAt = -1;
+  ctReplyAt = -1;
+  tailAt = -1;
+  tailLen = 0;
+  tailBackend: string | undefined = undefined;
+  tailNetns: string | undefined = undefined;
+
+  reset(claim: number): void {
+    this.claim = claim;
+    this.used = 0;
+    this.keys.length = 0;
+    this.tupleAt.length = 0;
+    this.tupleLen.length = 0;
+    this.headAt = this.ctAt = this.tailAt = -1;
+  }
+
+  /** Keeps `bytes` in the slab: where, or -1 when they do not fit. */
+  keep(bytes: Uint8Array): number {
+    const n = bytes.length;
+    if (this.used + n > SLAB_BYTES) return -1;
+    const at = this.used;
+    const slab = this.slab;
+    for (let i = 0; i < n; i++) slab[at + i] = bytes[i]!;
+    this.used += n;
+    return at;
+  }
+
+  findTuple(t: Tuple): number {
+    const keys = this.keys;
+    for (let i = 0; i < keys.length; i++) {
+      const k = keys[i]!;
+      if (k.sport === t.sport && k.dport === t.dport && k.saddr === t.saddr && k.daddr === t.daddr && k.proto === t.proto) return i;
+    }
+    return -1;
+  }
+}
+
+const slots: WireSlot[] = [];
+let claims = 0;
+
+function slotOf(f: Flow): WireSlot {
+  const had = f.wire as number | undefined;
+  if (had !== undefined) {
+    const s = slots[had % MAX_WIRED];
+    if (s && s.claim === had) return s;
+  }
+  const claim = ++claims;
+  const i = claim % MAX_WIRED;
+  const s = slots[i] ?? (slots[i] = new WireSlot());
+  s.reset(claim);
+  f.wire = claim;
+  return s;
+}
+
+/** An event's wall-clock time, low and high words (encoding is synchronous: one will do). */
+const ts = new Uint32Array(2);
+
+/** Where a tuple is encoded, to know its length before it is written. */
+const scratch = new EventWriter(256);
+
+/** Writes a tuple sub-message; returns where the slot keeps its fields (-1: not kept). */
+function writeTuple(w: EventWriter, tag: number, t: Tuple, slot: WireSlot): number {
+  const i = slot.findTuple(t);
+  if (i >= 0) {
+    const len = slot.tupleLen[i]!;
+    w.uint32(tag).uint32(len).rawRange(slot.slab, slot.tupleAt[i]!, len);
+    return slot.tupleAt[i]!;
+  }
+  const s = scratch;
+  s.reset();
+  if (t.saddr) s.uint32(Tag.T_SRC).string(t.saddr);
+  if (t.daddr) s.uint32(Tag.T_DST).string(t.daddr);
+  if (t.sport) s.uint32(Tag.T_SRC_PORT).uint32(t.sport);
+  if (t.dport) s.uint32(Tag.T_DST_PORT).uint32(t.dport);
+  if (t.proto) s.uint32(Tag.T_PROTOCOL).int32(t.proto);
+  const bytes = s.written();
+  w.uint32(tag).uint32(bytes.length).raw(bytes);
+  if (slot.keys.length >= MAX_TUPLES) return -1;
+  const at = slot.keep(bytes);
+  if (at >= 0) {
+    slot.keys.push(t);
+    slot.tupleAt.push(at);
+    slot.tupleLen.push(bytes.length);
+  }
+  return at;
+}
+
+/** Keeps what `w` holds from `start` on: where in the slab, or -1 (it did not fit). */
+function keepRun(w: EventWriter, slot: WireSlot, start: number): number {
+  return slot.keep(w.written().subarray(start));
+}
+
+/** Flow id and service (the flow's own: a flow has one of each). */
+function writeHead(w: EventWriter, slot: WireSlot, flowId: number, service: string): void {
+  if (slot.headAt >= 0 && slot.headId === flowId && slot.headService === service) {
+    w.rawRange(slot.slab, slot.headAt, slot.headLen);
+    return;
+  }
+  const start = w.len;
+  if (flowId) w.uint32(Tag.FLOW_ID).uint64(flowId);
+  str(w, Tag.SERVICE, service);
+  const at = keepRun(w, slot, start);
+  if (at < 0) return;
+  slot.headAt = at;
+  slot.headLen = w.len - start;
+  slot.headId = flowId;
+  slot.headService = service;
+}
+
+/** Conntrack's id, original and reply tuples. */
+function writeCtHead(w: EventWriter, slot: WireSlot, id: string, orig: Tuple, reply: Tuple): void {
+  if (slot.ctAt >= 0 && slot.ctId === id) {
+    const o = slot.findTuple(orig);
+    const r = slot.findTuple(reply);
+    if (o >= 0 && r >= 0 && slot.tupleAt[o] === slot.ctOrigAt && slot.tupleAt[r] === slot.ctReplyAt) {
+      w.rawRange(slot.slab, slot.ctAt, slot.ctLen);
+      return;
+    }
+  }
+  const start = w.len;
+  str(w, Tag.C_ID, id);
+  const origAt = writeTuple(w, Tag.C_ORIGINAL, orig, slot);
+  const replyAt = writeTuple(w, Tag.C_REPLY, reply, slot);
+  const at = origAt < 0 || replyAt < 0 ? -1 : keepRun(w, slot, start);
+  if (at < 0) return;
+  slot.ctAt = at;
+  slot.ctLen = w.len - start;
+  slot.ctId = id;
+  slot.ctOrigAt = origAt;
+  slot.ctReplyAt = replyAt;
+}
+
+/** Backend and the backend's namespace (set once DNAT and the pod are known). */
+function writeTail(w: EventWriter, slot: WireSlot, backend: string | undefined, netns: string | undefined): void {
+  if (slot.tailAt >= 0 && slot.tailBackend === backend && slot.tailNetns === netns) {
+    w.rawRange(slot.slab, slot.tailAt, slot.tailLen);
+    return;
+  }
+  const start = w.len;
+  str(w, Tag.BACKEND, backend);
+  str(w, Tag.BACKEND_NETNS, netns);
+  const at = keepRun(w, slot, start);
+  if (at < 0) return;
+  slot.tailAt = at;
+  slot.tailLen = w.len - start;
+  slot.tailBackend = backend;
+  slot.tailNetns = netns;
+}
+
+function str(w: EventWriter, tag: number, v: string | null | undefined): void {
+  if (v) w.uint32(tag).string(v);
+}
+
+function u32(w: EventWriter, tag: number, v: number): void {
+  if (v) w.uint32(tag).uint32(v);
+}
+
+/** Writes one kernel record's Event (its fields, no length prefix), as encodeEvent(item.event, w) would. */
+export function encodeKernelEvent(item: KernelIngested, w: EventWriter): void {
+  const e: KernelEvent = item.record;
+  const ctx = item.context;
+  const slot = slotOf(item.flow);
+  wallNsWords(e.tsNs, ts);
+  if (ts[0]! | ts[1]!) w.uint32(Tag.TS_NS).uint64Words(ts[0]!, ts[1]!);
+  const kind = protoKind(e);
+  if (kind) w.uint32(Tag.KIND).int32(kind);
+  writeHead(w, slot, ctx.flowId, ctx.service);
+  if (ctx.stage) w.uint32(Tag.STAGE).int32(ctx.stage);
+  w.uint32(Tag.DIRECTION).int32(protoDirection(e));
+  if (e.kind !== EventKind.CT_DESTROY) {
+    writeTuple(w, Tag.PACKET, e.pkt, slot);
+    u32(w, Tag.LENGTH, e.pktLen);
+    if (e.pkt.proto === 6 && e.kind !== EventKind.FIB) str(w, Tag.TCP_FLAGS, tcpFlagNames(e.tcpFlags));
+  }
+  if (hasConntrack(e)) {
+    w.uint32(Tag.CONNTRACK).fork();
+    writeCtHead(w, slot, ctx.ctId, e.ctOrig, e.ctReply);
+    u32(w, Tag.C_STATUS, e.ctStatus);
+    str(w, Tag.C_TCP_STATE, protoTcpState(e));
+    u32(w, Tag.C_MARK, e.ctMark);
+    u32(w, Tag.C_ZONE, e.ctZone);
+    u32(w, Tag.C_TIMEOUT_MS, e.ctTimeoutMs);
+    str(w, Tag.C_TCP_STATE_BEFORE, ctx.tcpStateBefore);
+    w.ldelim();
+  } else if (ctx.ctId) {
+    w.uint32(Tag.CONNTRACK).fork();
+    str(w, Tag.C_ID, ctx.ctId);
+    w.ldelim();
+  }
+  if (e.ifindex || e.netnsIno) {
+    w.uint32(Tag.DEVICE).fork();
+    u32(w, Tag.D_IFINDEX, e.ifindex);
+    str(w, Tag.D_NAME, e.ifname);
+    str(w, Tag.D_KIND, e.linkKind);
+    if (e.netnsIno) w.uint32(Tag.D_NETNS_INODE).uint64(e.netnsIno);
+    str(w, Tag.D_NETNS, ctx.netnsName);
+    if (ctx.podSide) w.uint32(Tag.D_POD_SIDE).bool(true);
+    w.ldelim();
+  }
+  if (e.kind === EventKind.NF) {
+    w.uint32(Tag.HOOK).int32(e.nfHook + 1);
+    if (e.nfPriority) w.uint32(Tag.PRIORITY).sint32(e.nfPriority);
+    if (e.nfStage === NfStage.AFTER_NAT) w.uint32(Tag.AFTER_NAT).bool(true);
+  }
+  if (e.kind === EventKind.DROP) {
+    u32(w, Tag.DROP_REASON, e.reason);
+    str(w, Tag.DROP_REASON_NAME, ctx.dropReasonName ?? String(e.reason));
+  }
+  if (e.kind === EventKind.FIB) {
+    str(w, Tag.GATEWAY, e.gateway);
+    u32(w, Tag.ROUTE_TABLE, e.reason);
+  }
+  if (e.pkt.proto === 1) {
+    u32(w, Tag.ICMP_TYPE, e.icmpType);
+    u32(w, Tag.ICMP_CODE, e.icmpCode);
+  }
+  u32(w, Tag.CPU, e.cpu);
+  writeTail(w, slot, ctx.backend, ctx.backendNetns);
+  if (e.capture?.length) w.uint32(Tag.PACKET_DATA).bytes(e.capture);
+  if (ctx.benignDrop) w.uint32(Tag.BENIGN_DROP).bool(true);
+  str(w, Tag.SERVICE_NAME, ctx.serviceName);
+  str(w, Tag.BACKEND_POD, ctx.backendPod);
+}
