@@ -219,9 +219,10 @@ export class ServiceMetrics {
         this.inc(this.errors, 'svctrace_connection_errors_total', [service, 'reset']);
       }
       for (; m.icmpErrors < flow.icmpErrors.length; m.icmpErrors++) this.inc(this.errors, 'svctrace_connection_errors_total', [service, 'icmp']);
+      // An item's entry has its event's stage: only drops' events are made here.
       if (entry.stage === pb.Stage.STAGE_DROP) {
         const event = item.event;
-        if (event.stage === pb.Stage.STAGE_DROP && !event.benignDrop && event.dropReasonName) this.inc(this.drops, 'svctrace_drops_total', [service, event.dropReasonName]);
+        if (!event.benignDrop && event.dropReasonName) this.inc(this.drops, 'svctrace_drops_total', [service, event.dropReasonName]);
       }
       const backend = flow.backend ?? '';
       if (!m.replied && m.dnatNs !== undefined && itemDirection(item) === pb.Direction.DIRECTION_REPLY) {

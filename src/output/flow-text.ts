@@ -12,12 +12,12 @@ import { eventSummary, isFailureEvent, stageLabel } from './event-summary';
 
 export { isFailureEvent, stageLabel };
 
+import pb = svctrace.v1;
+
 /** A failure event (drop, reset, ICMP error) among ingested items: only drops' wire events are looked at (made). */
 export function isFailureItem(item: Ingested): boolean {
   return item.entry.stage === pb.Stage.STAGE_DROP && isFailureEvent(item.event);
 }
-
-import pb = svctrace.v1;
 
 
 const COLOR: Record<number, string> = {
