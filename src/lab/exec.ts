@@ -23,7 +23,9 @@ export function run(argv: string[], opts: { input?: string; timeoutMs?: number; 
           reject(new SvctraceError('LAB', `'${argv.join(' ')}' failed: ${why}`, { cause: err }));
           return;
         }
-        resolve({ stdout, stderr });
+        // A command the time limit ended says nothing itself: say it here.
+        const killed = err?.killed ? `${cmd} did not finish within ${opts.timeoutMs ?? 30_000} ms and was ended (${err.signal ?? 'killed'})` : '';
+        resolve({ stdout, stderr: killed ? `${stderr}${stderr && !stderr.endsWith('\n') ? '\n' : ''}${killed}` : stderr });
       },
     );
     if (opts.input !== undefined) child.stdin?.end(opts.input);

@@ -575,9 +575,11 @@ export class Lab {
   }
 
   /** HTTP GET with curl from the node (like curl on a node) or from the client namespace. */
-  async curl(url: string, from: 'node' | 'client' = 'node', extra: string[] = []): Promise<{ ok: boolean; body: string; stderr: string }> {
+  async curl(url: string, from: 'node' | 'client' = 'node', extra: string[] = [], maxTimeS = 5): Promise<{ ok: boolean; body: string; stderr: string }> {
     const ns = from === 'node' ? this.nodeNetns : this.clientNetns;
-    const r = await runIn(ns, ['curl', '-sS', '--max-time', '5', ...extra, url], { allowFail: true, timeoutMs: 10_000 });
+    // curl's own limit covers the transfer; the process limit adds time for
+    // starting it, which a busy emulated guest has taken more than 5 s for.
+    const r = await runIn(ns, ['curl', '-sS', '--max-time', String(maxTimeS), ...extra, url], { allowFail: true, timeoutMs: maxTimeS * 2000 + 10_000 });
     return { ok: r.stdout.startsWith('pod='), body: r.stdout, stderr: r.stderr };
   }
 

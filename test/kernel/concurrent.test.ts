@@ -11,7 +11,7 @@ import { ChildProcess, spawn } from 'node:child_process';
 import http from 'node:http';
 import path from 'node:path';
 import { kernelTest, IS_ROOT, netfilterLinks } from '../helpers/kernel';
-import { waitFor } from '../helpers/flows';
+import { TIME_SCALE, waitFor } from '../helpers/flows';
 import { Lab } from '../../src/lab/lab';
 import { curlEach } from '../helpers/lab-traffic';
 
@@ -86,23 +86,25 @@ describe('several svctrace processes on one namespace (kernel)', () => {
         .filter((l) => l.startsWith('svctrace_connections_total{'))
         .reduce((n, l) => n + Number(l.slice(l.lastIndexOf(' ') + 1)), 0);
     let seen = 0;
-    for (const deadline = Date.now() + 10_000; seen < N && Date.now() < deadline; ) {
+    for (const deadline = Date.now() + 10_000 * TIME_SCALE; seen < N && Date.now() < deadline; ) {
       seen = await counted();
       if (seen < N) await new Promise((r) => setTimeout(r, 200));
     }
     assert.equal(seen, N, 'serve saw every connection');
 
-    // Each trace: every connection DNATed, in its own JSON lines.
-    await new Promise((r) => setTimeout(r, 500));
-    for (const [i, t] of traces.entries()) {
+    // Each trace: every connection DNATed, in its own JSON lines (complete
+    // lines only: a trace may be mid-write).
+    const dnated = (t: Proc) => {
       const flows = new Set<string>();
-      for (const line of t.out.split('\n')) {
+      for (const line of t.out.slice(0, t.out.lastIndexOf('\n') + 1).split('\n')) {
         if (!line) continue;
         const ev = JSON.parse(line) as { flowId?: string; stage?: string; afterNat?: boolean };
         if (ev.stage === 'STAGE_DNAT' && ev.afterNat) flows.add(ev.flowId!);
       }
-      assert.equal(flows.size, N, `trace ${i + 1} saw every connection DNATed`);
-    }
+      return flows.size;
+    };
+    await waitFor(() => traces.every((t) => dnated(t) >= N), 5_000);
+    for (const [i, t] of traces.entries()) assert.equal(dnated(t), N, `trace ${i + 1} saw every connection DNATed`);
 
     for (const p of procs) p.child.kill('SIGINT');
     assert.ok(await waitFor(() => procs.every((p) => p.exit !== undefined), 15_000), 'all ended on SIGINT');
