@@ -40,6 +40,18 @@ export class EventWriter {
     this.reserved.length = 0;
   }
 
+  /** Where the writer is: cutBack(mark) forgets everything written after it, open sub-messages included. */
+  mark(): number {
+    return this.len;
+  }
+
+  /** Back to `mark` (from mark(), taken with no sub-message open): what an encode that threw left half-written goes. */
+  cutBack(mark: number): void {
+    this.len = mark;
+    this.forks.length = 0;
+    this.reserved.length = 0;
+  }
+
   /** A copy of what was written (the buffer is reused). */
   finish(): Uint8Array {
     return Uint8Array.prototype.slice.call(this.buf, 0, this.len);

@@ -18,6 +18,8 @@ import { replay } from '../../src/record/replay';
 import { keyId, signChainHead } from '../../src/record/signing';
 import { svctrace } from '../../src/gen/svctrace';
 import { makeEvent } from '../helpers/stream';
+import { RecordingSink } from '../../src/pipeline/sinks/recording';
+import type { Ingested } from '../../src/flows/types';
 
 import pb = svctrace.v1;
 
@@ -55,6 +57,22 @@ describe('recordings', () => {
   let offsets: number[] = [];
   before(() => {
     offsets = makeRecording(good);
+  });
+
+  it('an event whose encoding fails mid-way leaves nothing of itself: the batch\'s others are recorded, the file reads', () => {
+    const file = path.join(dir, 'half.svtr');
+    const w = new ChunkWriter(file, true);
+    w.write(ChunkType.HEADER, pb.RecordingHeader.encode({ toolVersion: 'test', node: 'n1', startedAt: '2026-12-01T00:00:00.000Z', services: [] }).finish());
+    const sink = new RecordingSink(w, { trailer: () => ({ reason: 'test' }) });
+    const item = (i: number) => ({ event: makeEvent(i, { tsNs: i }) }) as unknown as Ingested;
+    // Written up to its conntrack, then the encoder meets a value it cannot write.
+    const bad = { event: { ...makeEvent(99, { tsNs: 99 }), conntrack: { id: 'c', status: Symbol('not a number') } } } as unknown as Ingested;
+    assert.throws(() => sink.write([item(1), bad, item(2)]));
+    assert.equal(sink.events, 2);
+    sink.close();
+    const seen: number[] = [];
+    const rec = readRecording(file, (events) => seen.push(...events.map((e) => Number(e.tsNs))));
+    assert.deepEqual(seen.length, 2, `events read: ${JSON.stringify(seen)} (${JSON.stringify(rec.problems ?? [])})`);
   });
 
   it('an intact recording verifies and replays every event', async () => {

@@ -57,12 +57,24 @@ export class RecordingSink implements Sink {
   write(items: Ingested[]): void {
     if (this.full) return;
     const w = this.pending;
+    let failed: unknown;
     for (const item of items) {
-      writeItem(item, w.fork(2)); // length-delimited, as protobufjs's Writer.bytes() writes it
-      w.ldelim();
-      this.events++;
+      // Each event whole or not at all: an encode that threw must not leave
+      // half an event in the chunk, which would make the file unreadable.
+      // The batch's other events are still written; the failure is told
+      // after them (the sink set reports it).
+      const mark = w.mark();
+      try {
+        writeItem(item, w.fork(2)); // length-delimited, as protobufjs's Writer.bytes() writes it
+        w.ldelim();
+        this.events++;
+      } catch (e) {
+        w.cutBack(mark);
+        failed ??= e;
+      }
     }
     if (w.len >= FLUSH_BYTES) this.flush();
+    if (failed !== undefined) throw failed;
   }
 
   private flush(): void {
