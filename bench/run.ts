@@ -2,7 +2,7 @@
  * `npm run bench`: every benchmark, each comparing side by side in one run,
  * each printing a table and writing JSON to bench-results/. Not part of the
  * test suite. Flags: --quick (shorter runs), --only NAME[,NAME] (pipeline,
- * datapath, kernelcost, memory, startup), --timeout SECONDS (per benchmark).
+ * datapath, kernelcost, replay, memory, startup), --timeout SECONDS (per benchmark).
  *
  * Each benchmark runs in its own child process (this file with --child), so
  * one that crashes or hangs is reported as such (table + bench-results/run.json)
@@ -11,13 +11,14 @@
 import { spawn } from 'node:child_process';
 import { benchPipeline } from './pipeline';
 import { benchDatapath } from './datapath';
+import { benchReplay } from './replay';
 import { benchMemory } from './memory';
 import { benchStartup } from './startup';
 import { benchKernelCost } from './kernel-cost';
 import { cleanupStaleLabs } from '../src/lab/lab';
 import { crashReason, table, waitUntil, writeResult } from './common';
 
-const BENCHES = { startup: benchStartup, pipeline: benchPipeline, datapath: benchDatapath, kernelcost: benchKernelCost, memory: benchMemory } as const;
+const BENCHES = { startup: benchStartup, pipeline: benchPipeline, datapath: benchDatapath, kernelcost: benchKernelCost, replay: benchReplay, memory: benchMemory } as const;
 type Name = keyof typeof BENCHES;
 
 function arg(flag: string): string | undefined {

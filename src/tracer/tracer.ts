@@ -164,9 +164,11 @@ export class Tracer {
    * decoded (events and flow counters), in kernel order. While it runs the
    * addon holds back: a slow handler makes records wait in the kernel's ring
    * buffer, never dropped on the way. It must not throw (errors are
-   * reported to `onError`, default: stderr).
+   * reported to `onError`, default: stderr). `tap`, for benchmarks, sees
+   * each native batch before it is decoded (the buffer is the addon's, reused
+   * after the call: a tap that keeps it copies it).
    */
-  start(onBatch: (batch: DecodedBatch) => void, onError?: (e: unknown) => void): void {
+  start(onBatch: (batch: DecodedBatch) => void, onError?: (e: unknown) => void, tap?: (buf: Uint8Array, channel: number) => void): void {
     const report = onError ?? ((e: unknown) => process.stderr.write(`svctrace: ${String(e)}\n`));
     this.report = report;
     this.merge = new ChannelMerge((b) => {
@@ -177,7 +179,14 @@ export class Tracer {
       }
     });
     try {
-      this.n.start((buf, _count, channel) => this.deliver(buf, channel));
+      this.n.start(
+        tap
+          ? (buf, _count, channel) => {
+              tap(buf, channel);
+              this.deliver(buf, channel);
+            }
+          : (buf, _count, channel) => this.deliver(buf, channel),
+      );
     } catch (e) {
       throw fromNativeError(e);
     }
