@@ -89,7 +89,7 @@ async function capture(lab: Lab, conn: Conn, seconds: number): Promise<{ batches
  * table, its items encoded, and all of it let go before the next (holding
  * a whole capture's records would make the GC, not the code, the cost).
  */
-function replay(batches: Captured[], dropReasons: Record<string, string>, names: NetnsNames): StageTimes & { events: number; items: number } {
+export function replay(batches: Captured[], dropReasons: Record<string, string>, names: NetnsNames): StageTimes & { events: number; items: number } {
   const table = new FlowTable({ services: [parseServiceSpec('10.96.0.100:80')], dropReasons, netnsName: (ino) => names.name(ino) });
   const out: Ingested[][] = [];
   const merge = new ChannelMerge((b) => {
@@ -209,7 +209,7 @@ function save(file: string, c: { batches: Captured[]; connections: number; dropR
   console.log(`capture of the short connections kept in ${file}`);
 }
 
-function load(file: string): { batches: Captured[]; connections: number; dropReasons: Record<string, string>; names: NetnsNames } {
+export function load(file: string): { batches: Captured[]; connections: number; dropReasons: Record<string, string>; names: NetnsNames } {
   const all = fs.readFileSync(file);
   const nl = all.indexOf(10);
   if (nl < 0) throw new Error(`${file}: not a replay capture (no header line)`);
