@@ -62,6 +62,13 @@ export class EventWriter {
     return this.buf.subarray(0, this.len);
   }
 
+  /** Copies bytes [start, this.len) into `target` at `at` (no view made: the hot path keeps runs this way). */
+  copyTail(start: number, target: Uint8Array, at: number): void {
+    const b = this.buf;
+    const n = this.len - start;
+    for (let i = 0; i < n; i++) target[at + i] = b[start + i]!;
+  }
+
   private room(n: number): void {
     if (this.len + n <= this.buf.length) return;
     let size = this.buf.length * 2;

@@ -13,18 +13,18 @@
  */
 import { EventKind, NfStage } from '../events/layout';
 import type { KernelEvent, Tuple } from '../events/decode';
-import { tcpFlagNames } from '../events/conntrack';
+import { TCP_CT_STATES, tcpFlagNames } from '../events/conntrack';
 import type { KernelIngested } from '../flows/ingested';
 import type { Flow } from '../flows/types';
-import { hasConntrack, protoDirection, protoKind, protoTcpState } from '../flows/to-proto';
+import { hasConntrack, protoDirection, protoKind } from '../flows/to-proto';
 import { wallNsWords } from '../clock';
 import { EventWriter } from './event-writer';
 import { Tag } from './event-encoder';
 
 /**
  * A flow's bytes that stay the same from event to event, encoded once and
- * copied after: its tuples (at most MAX_TUPLES: a flow has about four, a
- * fifth is encoded each time), and three runs of fields: flow id and
+ * copied after: its tuples (at most MAX_TUPLES: a flow has about four;
+ * more are encoded each time), and three runs of fields: flow id and
  * service; the conntrack id with the original and reply tuples; backend and
  * its namespace. A run is encoded again when what it was made of changed.
  *
@@ -45,9 +45,11 @@ class WireSlot {
   claim = 0;
   readonly slab = new Uint8Array(SLAB_BYTES);
   used = 0;
-  readonly keys: Tuple[] = [];
-  readonly tupleAt: number[] = [];
-  readonly tupleLen: number[] = [];
+  /** Tuples kept: the first `tuples` entries of the arrays (fixed arrays, counted: a claim writes no array length). */
+  tuples = 0;
+  readonly keys: Tuple[] = new Array<Tuple>(MAX_TUPLES);
+  readonly tupleAt = new Int32Array(MAX_TUPLES);
+  readonly tupleLen = new Int32Array(MAX_TUPLES);
   headAt = -1;
   headLen = 0;
   headId = 0;
@@ -65,26 +67,23 @@ class WireSlot {
   reset(claim: number): void {
     this.claim = claim;
     this.used = 0;
-    this.keys.length = 0;
-    this.tupleAt.length = 0;
-    this.tupleLen.length = 0;
+    this.tuples = 0;
     this.headAt = this.ctAt = this.tailAt = -1;
   }
 
-  /** Keeps `bytes` in the slab: where, or -1 when they do not fit. */
-  keep(bytes: Uint8Array): number {
-    const n = bytes.length;
+  /** Keeps what `w` wrote from `start` on in the slab: where, or -1 when it does not fit. */
+  keep(w: EventWriter, start: number): number {
+    const n = w.len - start;
     if (this.used + n > SLAB_BYTES) return -1;
     const at = this.used;
-    const slab = this.slab;
-    for (let i = 0; i < n; i++) slab[at + i] = bytes[i]!;
+    w.copyTail(start, this.slab, at);
     this.used += n;
     return at;
   }
 
   findTuple(t: Tuple): number {
     const keys = this.keys;
-    for (let i = 0; i < keys.length; i++) {
+    for (let i = 0; i < this.tuples; i++) {
       const k = keys[i]!;
       if (k.sport === t.sport && k.dport === t.dport && k.saddr === t.saddr && k.daddr === t.daddr && k.proto === t.proto) return i;
     }
@@ -112,9 +111,6 @@ function slotOf(f: Flow): WireSlot {
 /** An event's wall-clock time, low and high words (encoding is synchronous: one will do). */
 const ts = new Uint32Array(2);
 
-/** Where a tuple is encoded, to know its length before it is written. */
-const scratch = new EventWriter(256);
-
 /** Writes a tuple sub-message; returns where the slot keeps its fields (-1: not kept). */
 function writeTuple(w: EventWriter, tag: number, t: Tuple, slot: WireSlot): number {
   const i = slot.findTuple(t);
@@ -123,28 +119,31 @@ function writeTuple(w: EventWriter, tag: number, t: Tuple, slot: WireSlot): numb
     w.uint32(tag).uint32(len).rawRange(slot.slab, slot.tupleAt[i]!, len);
     return slot.tupleAt[i]!;
   }
-  const s = scratch;
-  s.reset();
-  if (t.saddr) s.uint32(Tag.T_SRC).string(t.saddr);
-  if (t.daddr) s.uint32(Tag.T_DST).string(t.daddr);
-  if (t.sport) s.uint32(Tag.T_SRC_PORT).uint32(t.sport);
-  if (t.dport) s.uint32(Tag.T_DST_PORT).uint32(t.dport);
-  if (t.proto) s.uint32(Tag.T_PROTOCOL).int32(t.proto);
-  const bytes = s.written();
-  w.uint32(tag).uint32(bytes.length).raw(bytes);
-  if (slot.keys.length >= MAX_TUPLES) return -1;
-  const at = slot.keep(bytes);
+  // The fields go straight into the event, behind a one-byte length (a
+  // tuple of IPv4 text is under 128 bytes; ldelim moves a longer one), and
+  // are kept from there.
+  w.uint32(tag).fork();
+  const start = w.len;
+  if (t.saddr) w.uint32(Tag.T_SRC).string(t.saddr);
+  if (t.daddr) w.uint32(Tag.T_DST).string(t.daddr);
+  if (t.sport) w.uint32(Tag.T_SRC_PORT).uint32(t.sport);
+  if (t.dport) w.uint32(Tag.T_DST_PORT).uint32(t.dport);
+  if (t.proto) w.uint32(Tag.T_PROTOCOL).int32(t.proto);
+  const len = w.len - start;
+  const at = slot.tuples < MAX_TUPLES ? slot.keep(w, start) : -1;
+  w.ldelim();
   if (at >= 0) {
-    slot.keys.push(t);
-    slot.tupleAt.push(at);
-    slot.tupleLen.push(bytes.length);
+    const i = slot.tuples++;
+    slot.keys[i] = t;
+    slot.tupleAt[i] = at;
+    slot.tupleLen[i] = len;
   }
   return at;
 }
 
 /** Keeps what `w` holds from `start` on: where in the slab, or -1 (it did not fit). */
 function keepRun(w: EventWriter, slot: WireSlot, start: number): number {
-  return slot.keep(w.written().subarray(start));
+  return slot.keep(w, start);
 }
 
 /** Flow id and service (the flow's own: a flow has one of each). */
@@ -204,6 +203,87 @@ function writeTail(w: EventWriter, slot: WireSlot, backend: string | undefined, 
   slot.tailNetns = netns;
 }
 
+/**
+ * A device's sub-message (ifindex, name, kind, namespace inode and name,
+ * pod side) is the same on every event of every flow that crosses it: kept
+ * per device in a direct-mapped table (a slot per hash of ifindex and
+ * namespace inode, checked against every value it was made of), so most
+ * events copy it. A node has a few hundred devices at most; two that share
+ * a slot take turns, encoding as they would without it.
+ */
+const DEVICE_SLOTS = 256;
+const DEVICE_BYTES = 128;
+
+class DeviceBytes {
+  ifindex = -1;
+  netnsIno = -1;
+  ifname = '';
+  linkKind = '';
+  netnsName: string | undefined = undefined;
+  podSide = false;
+  len = 0;
+  readonly bytes = new Uint8Array(DEVICE_BYTES);
+}
+
+const devices: DeviceBytes[] = Array.from({ length: DEVICE_SLOTS }, () => new DeviceBytes());
+
+function writeDevice(w: EventWriter, e: KernelEvent, netnsName: string | undefined, podSide: boolean): void {
+  const d = devices[(Math.imul(e.ifindex, 0x9e3779b1) ^ e.netnsIno) >>> 24]!;
+  if (d.len && d.ifindex === e.ifindex && d.netnsIno === e.netnsIno && d.ifname === e.ifname && d.linkKind === e.linkKind && d.netnsName === netnsName && d.podSide === podSide) {
+    w.rawRange(d.bytes, 0, d.len);
+    return;
+  }
+  const start = w.len;
+  w.uint32(Tag.DEVICE).fork();
+  u32(w, Tag.D_IFINDEX, e.ifindex);
+  str(w, Tag.D_NAME, e.ifname);
+  str(w, Tag.D_KIND, e.linkKind);
+  if (e.netnsIno) w.uint32(Tag.D_NETNS_INODE).uint64(e.netnsIno);
+  str(w, Tag.D_NETNS, netnsName);
+  if (podSide) w.uint32(Tag.D_POD_SIDE).bool(true);
+  w.ldelim();
+  const n = w.len - start;
+  if (n > DEVICE_BYTES) {
+    d.len = 0;
+    return;
+  }
+  w.copyTail(start, d.bytes, 0);
+  d.len = n;
+  d.ifindex = e.ifindex;
+  d.netnsIno = e.netnsIno;
+  d.ifname = e.ifname;
+  d.linkKind = e.linkKind;
+  d.netnsName = netnsName;
+  d.podSide = podSide;
+}
+
+/**
+ * Fields whose text is one of a few values known by number (TCP flags,
+ * conntrack's TCP state): tag, length and text encoded once per value,
+ * found by the number, copied after.
+ */
+class FieldTable {
+  private readonly bytes: Array<Uint8Array | undefined> = new Array<Uint8Array | undefined>(256);
+  constructor(
+    private readonly tag: number,
+    private readonly text: (value: number) => string,
+  ) {}
+
+  write(w: EventWriter, value: number): void {
+    let b = this.bytes[value];
+    if (b === undefined) {
+      const f = new EventWriter(64);
+      str(f, this.tag, this.text(value));
+      b = this.bytes[value] = f.finish();
+    }
+    if (b.length) w.rawRange(b, 0, b.length);
+  }
+}
+
+const tcpFlagsField = new FieldTable(Tag.TCP_FLAGS, tcpFlagNames);
+/** As protoTcpState gives it for a TCP entry. */
+const tcpStateField = new FieldTable(Tag.C_TCP_STATE, (state) => TCP_CT_STATES[state] ?? String(state));
+
 function str(w: EventWriter, tag: number, v: string | null | undefined): void {
   if (v) w.uint32(tag).string(v);
 }
@@ -227,13 +307,13 @@ export function encodeKernelEvent(item: KernelIngested, w: EventWriter): void {
   if (e.kind !== EventKind.CT_DESTROY) {
     writeTuple(w, Tag.PACKET, e.pkt, slot);
     u32(w, Tag.LENGTH, e.pktLen);
-    if (e.pkt.proto === 6 && e.kind !== EventKind.FIB) str(w, Tag.TCP_FLAGS, tcpFlagNames(e.tcpFlags));
+    if (e.pkt.proto === 6 && e.kind !== EventKind.FIB) tcpFlagsField.write(w, e.tcpFlags & 0xff);
   }
   if (hasConntrack(e)) {
     w.uint32(Tag.CONNTRACK).fork();
     writeCtHead(w, slot, ctx.ctId, e.ctOrig, e.ctReply);
     u32(w, Tag.C_STATUS, e.ctStatus);
-    str(w, Tag.C_TCP_STATE, protoTcpState(e));
+    if (e.ctOrig.proto === 6) tcpStateField.write(w, e.ctTcpState & 0xff); // protoTcpState(e); '' (not written) for other protocols
     u32(w, Tag.C_MARK, e.ctMark);
     u32(w, Tag.C_ZONE, e.ctZone);
     u32(w, Tag.C_TIMEOUT_MS, e.ctTimeoutMs);
@@ -244,16 +324,7 @@ export function encodeKernelEvent(item: KernelIngested, w: EventWriter): void {
     str(w, Tag.C_ID, ctx.ctId);
     w.ldelim();
   }
-  if (e.ifindex || e.netnsIno) {
-    w.uint32(Tag.DEVICE).fork();
-    u32(w, Tag.D_IFINDEX, e.ifindex);
-    str(w, Tag.D_NAME, e.ifname);
-    str(w, Tag.D_KIND, e.linkKind);
-    if (e.netnsIno) w.uint32(Tag.D_NETNS_INODE).uint64(e.netnsIno);
-    str(w, Tag.D_NETNS, ctx.netnsName);
-    if (ctx.podSide) w.uint32(Tag.D_POD_SIDE).bool(true);
-    w.ldelim();
-  }
+  if (e.ifindex || e.netnsIno) writeDevice(w, e, ctx.netnsName, !!ctx.podSide);
   if (e.kind === EventKind.NF) {
     w.uint32(Tag.HOOK).int32(e.nfHook + 1);
     if (e.nfPriority) w.uint32(Tag.PRIORITY).sint32(e.nfPriority);

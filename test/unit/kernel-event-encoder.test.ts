@@ -150,6 +150,29 @@ describe('kernel event encoder', () => {
     many.forEach((item, i) => assert.deepEqual(ours(item), reference(item), `tuple ${i}`));
   });
 
+  it('a device\'s cached sub-message is made again when any of its values changes', () => {
+    const items = kernelItems(table().ingest([...connection(), ...others()]));
+    const dev = items.find((i) => i.record.ifindex && i.record.netnsIno)!;
+    assert.ok(dev, 'an event with a device');
+    assert.deepEqual(ours(dev), reference(dev), 'the device, cached');
+    const variants: Array<[string, KernelIngested]> = [
+      ['another namespace name', new KernelIngested(dev.flow, dev.entry, dev.record, { ...dev.context, netnsName: 'pod default/web-2' })],
+      ['no namespace name', new KernelIngested(dev.flow, dev.entry, dev.record, { ...dev.context, netnsName: undefined })],
+      ['pod side', new KernelIngested(dev.flow, dev.entry, dev.record, { ...dev.context, podSide: !dev.context.podSide })],
+      ['renamed', new KernelIngested(dev.flow, dev.entry, { ...dev.record, ifname: 'eth9' }, dev.context)],
+      ['another kind', new KernelIngested(dev.flow, dev.entry, { ...dev.record, linkKind: 'vxlan' }, dev.context)],
+    ];
+    // Other devices, enough of them to share the table's slots with it.
+    for (let k = 1; k <= 600; k++) {
+      variants.push([`ifindex ${k}`, new KernelIngested(dev.flow, dev.entry, { ...dev.record, ifindex: k }, dev.context)]);
+      variants.push([`namespace +${k}`, new KernelIngested(dev.flow, dev.entry, { ...dev.record, netnsIno: dev.record.netnsIno + k }, dev.context)]);
+    }
+    for (const [what, item] of variants) {
+      assert.deepEqual(ours(dev), reference(dev), `${what}: the original, cached`);
+      assert.deepEqual(ours(item), reference(item), what);
+    }
+  });
+
   it('takes API names given before the event is made, and a made event as its holder changed it', () => {
     const t = table();
     const [a, b] = kernelItems(t.ingest(connection().slice(0, 2)));
