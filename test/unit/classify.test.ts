@@ -57,6 +57,24 @@ describe('classifyEvent (pure)', () => {
     assert.equal(c.seenKey, 'dev:0:recv:eth0:222');
   });
 
+  it('device milestone keys name the device, direction and verb, for many devices sharing names, indexes and renamed', () => {
+    // Pods' devices share a name and an ifindex and differ by namespace; a
+    // device can be renamed under its ifindex: each key is its own.
+    const want = (e: Parameters<typeof classifyEvent>[1]) => `dev:${e.dir}:${e.kind === EventKind.DEV_XMIT ? 'xmit' : 'recv'}:${e.ifname}:${e.netnsIno}`;
+    for (let pass = 0; pass < 2; pass++) {
+      for (let ino = 4026531840; ino < 4026531840 + 700; ino++) {
+        for (const kind of [EventKind.DEV_RECV, EventKind.DEV_XMIT]) {
+          for (const dir of [Dir.ORIGINAL, Dir.REPLY]) {
+            for (const ifname of ['eth0', pass ? 'eth1' : 'eth0']) {
+              const e = ev({ kind, dir, netnsIno: ino, ifindex: 2 + (ino % 3), ifname, linkKind: 'veth' });
+              assert.equal(classifyEvent(flow(), e, ctx).seenKey, want(e));
+            }
+          }
+        }
+      }
+    }
+  });
+
   it('drops: failures are effects and milestones; benign frees are neither', () => {
     const d = classifyEvent(flow(), ev({ kind: EventKind.DROP, reason: 12 }), ctx);
     assert.deepEqual(d.effects, { drop: 'NETFILTER_DROP' });
