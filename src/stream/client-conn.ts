@@ -33,6 +33,8 @@ export class ClientConn {
   dropped = 0;
   /** Ranges of encoded batches this client took, not yet framed, and how many events they hold. */
   private pending: Uint8Array[] = [];
+  /** The frame of the one whole batch pending, when that is all that is pending. */
+  private pendingWhole: Uint8Array | undefined;
   private pendingEvents = 0;
   private queue: QueuedFrame[] = [];
   private queueBytes = 0;
@@ -64,6 +66,7 @@ export class ClientConn {
     if (this.closed) return;
     this.closed = true;
     this.pending = [];
+    this.pendingWhole = undefined;
     this.pendingEvents = 0;
     this.queue = [];
     this.queueBytes = 0;
@@ -124,6 +127,7 @@ export class ClientConn {
       case 'pause':
         this.paused = true;
         this.pending = [];
+        this.pendingWhole = undefined;
         this.pendingEvents = 0;
         break;
       case 'resume':
@@ -143,9 +147,12 @@ export class ClientConn {
     if (this.closed || this.paused) return;
     const { count, bytes, ends } = batch;
     if (this.filter === ACCEPT_ALL) {
+      // A whole batch alone is sent as its own frame (flush); a second range makes it a copy again.
+      this.pendingWhole = this.pending.length === 0 ? batch.frame : undefined;
       this.pending.push(bytes);
       this.pendingEvents += count;
     } else {
+      this.pendingWhole = undefined;
       let runStart = -1;
       for (let i = 0; i <= count; i++) {
         const wanted = i < count && this.filter(batch.event(i));
@@ -164,7 +171,8 @@ export class ClientConn {
   flush(): void {
     if (this.closed) return;
     if (this.pendingEvents) {
-      const frame = { bytes: eventsFrame(this.pending), events: this.pendingEvents };
+      const frame = { bytes: this.pendingWhole ?? eventsFrame(this.pending), events: this.pendingEvents };
+      this.pendingWhole = undefined;
       this.pending = [];
       this.pendingEvents = 0;
       this.enqueue(frame);

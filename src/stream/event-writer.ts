@@ -18,6 +18,8 @@ const TWO_32 = 4294967296;
 
 export class EventWriter {
   private buf: Buffer;
+  /** The same bytes, for copies four at a time (rawRange, copyTail). */
+  private view: DataView;
   /** Bytes written so far. */
   len = 0;
   /** Where each open sub-message's length slot is, and how many bytes it kept for it. */
@@ -26,6 +28,7 @@ export class EventWriter {
 
   constructor(initialBytes = 64 * 1024) {
     this.buf = Buffer.allocUnsafe(initialBytes);
+    this.view = new DataView(this.buf.buffer, this.buf.byteOffset, this.buf.byteLength);
   }
 
   /** For the generated encoders, which are typed against protobufjs's Writer. */
@@ -52,6 +55,24 @@ export class EventWriter {
     this.reserved.length = 0;
   }
 
+  /** Leaves n bytes to be filled later (put). */
+  skip(n: number): this {
+    this.room(n);
+    this.len += n;
+    return this;
+  }
+
+  /** Writes `bytes` at `at`, over what is there (room kept by skip). */
+  put(bytes: Uint8Array, at: number): void {
+    if (at < 0 || at + bytes.length > this.len) throw new RangeError(`EventWriter.put: ${bytes.length} bytes at ${at} of ${this.len}`);
+    this.buf.set(bytes, at);
+  }
+
+  /** A copy of what was written from `start` on. */
+  finishFrom(start: number): Uint8Array {
+    return Uint8Array.prototype.slice.call(this.buf, start, this.len);
+  }
+
   /** A copy of what was written (the buffer is reused). */
   finish(): Uint8Array {
     return Uint8Array.prototype.slice.call(this.buf, 0, this.len);
@@ -62,11 +83,9 @@ export class EventWriter {
     return this.buf.subarray(0, this.len);
   }
 
-  /** Copies bytes [start, this.len) into `target` at `at` (no view made: the hot path keeps runs this way). */
-  copyTail(start: number, target: Uint8Array, at: number): void {
-    const b = this.buf;
-    const n = this.len - start;
-    for (let i = 0; i < n; i++) target[at + i] = b[start + i]!;
+  /** Copies bytes [start, this.len) into `target` at `at` (no view made: the hot path keeps runs this way); `targetView`, a DataView of target, copies four at a time. */
+  copyTail(start: number, target: Uint8Array, at: number, targetView?: DataView): void {
+    copyBytes(this.buf, this.view, start, target, targetView, at, this.len - start);
   }
 
   private room(n: number): void {
@@ -76,6 +95,7 @@ export class EventWriter {
     const next = Buffer.allocUnsafe(size);
     this.buf.copy(next, 0, 0, this.len);
     this.buf = next;
+    this.view = new DataView(next.buffer, next.byteOffset, next.byteLength);
   }
 
   uint32(value: number): this {
@@ -212,12 +232,10 @@ export class EventWriter {
     return this;
   }
 
-  /** Bytes [at, at + n) of `src`, as they are. */
-  rawRange(src: Uint8Array, at: number, n: number): this {
+  /** Bytes [at, at + n) of `src`, as they are; `srcView`, a DataView of src, copies four at a time. */
+  rawRange(src: Uint8Array, at: number, n: number, srcView?: DataView): this {
     this.room(n);
-    const b = this.buf;
-    const o = this.len;
-    for (let i = 0; i < n; i++) b[o + i] = src[at + i]!;
+    copyBytes(src, srcView, at, this.buf, this.view, this.len, n);
     this.len += n;
     return this;
   }
@@ -262,4 +280,20 @@ export class EventWriter {
     this.buf[at] = v;
     return this;
   }
+}
+
+/**
+ * Copies n bytes. The copies of the hot path are 10 to 120 bytes: a loop of
+ * 4-byte DataView reads and writes when both views are given (about twice
+ * as fast as a byte loop), a native copy from 128 bytes on (a view costs
+ * less than the loop there).
+ */
+function copyBytes(src: Uint8Array, srcView: DataView | undefined, from: number, dst: Uint8Array, dstView: DataView | undefined, to: number, n: number): void {
+  if (n >= 128) {
+    dst.set(src.subarray(from, from + n), to);
+    return;
+  }
+  let i = 0;
+  if (srcView && dstView) for (; i + 4 <= n; i += 4) dstView.setUint32(to + i, srcView.getUint32(from + i, true), true);
+  for (; i < n; i++) dst[to + i] = src[from + i]!;
 }

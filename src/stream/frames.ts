@@ -28,6 +28,12 @@ export interface EncodedBatch {
   event(i: number): pb.IEvent;
   bytes: Uint8Array;
   ends: Uint32Array;
+  /**
+   * The whole batch as one ServerMessage frame: `bytes` behind the frame's
+   * header, in the same buffer (bytes is a view of it). A client that takes
+   * the whole batch and nothing else sends it as it is, with no copy.
+   */
+  frame: Uint8Array;
 }
 
 // Field numbers from the .proto: ServerMessage.version = 1,
@@ -42,17 +48,40 @@ const EVENT_LENGTH_BYTES = 2;
 /** One writer for every batch (encoding is synchronous): its buffer is reused. */
 const writer = new EventWriter();
 
-/** Encodes n events once, into one buffer (no buffer or view per event): `write` writes event i's fields. */
+/** Room kept before a batch's events for its frame's header: tag and version, tag and a length of up to 5 bytes. */
+const HEADER_ROOM = 8;
+
+/** The header of ServerMessage{version, events: EventBatch} whose EventBatch is `total` bytes. */
+function frameHeader(total: number): Uint8Array {
+  return protobuf.Writer.create()
+    .uint32((1 << 3) | WIRE_VARINT)
+    .uint32(PROTOCOL_VERSION)
+    .uint32((3 << 3) | WIRE_LEN)
+    .uint32(total)
+    .finish();
+}
+
+/**
+ * Encodes n events once, into one buffer (no buffer or view per event):
+ * `write` writes event i's fields. The buffer starts with the frame header
+ * of the whole batch, written into room kept before the events once their
+ * length is known.
+ */
 function encodeBatch(n: number, write: (i: number, w: EventWriter) => void, event: (i: number) => pb.IEvent): EncodedBatch {
   const w = writer;
   w.reset();
+  w.skip(HEADER_ROOM);
   const ends = new Uint32Array(n);
   for (let i = 0; i < n; i++) {
     write(i, w.uint32(BATCH_EVENT_TAG).fork(EVENT_LENGTH_BYTES));
     w.ldelim();
-    ends[i] = w.len;
+    ends[i] = w.len - HEADER_ROOM;
   }
-  return { count: n, event, bytes: w.finish(), ends };
+  const header = frameHeader(w.len - HEADER_ROOM);
+  const at = HEADER_ROOM - header.byteLength;
+  w.put(header, at);
+  const frame = w.finishFrom(at);
+  return { count: n, event, bytes: frame.subarray(header.byteLength), ends, frame };
 }
 
 /** Encodes a batch of events once. */
@@ -89,12 +118,7 @@ export function eventBytes(batch: EncodedBatch, i: number): Uint8Array {
 export function eventsFrame(ranges: readonly Uint8Array[]): Uint8Array {
   let total = 0;
   for (const r of ranges) total += r.byteLength;
-  const header = protobuf.Writer.create()
-    .uint32((1 << 3) | WIRE_VARINT)
-    .uint32(PROTOCOL_VERSION)
-    .uint32((3 << 3) | WIRE_LEN)
-    .uint32(total)
-    .finish();
+  const header = frameHeader(total);
   const frame = new Uint8Array(header.byteLength + total);
   frame.set(header, 0);
   let o = header.byteLength;

@@ -44,6 +44,7 @@ class WireSlot {
   /** Which claim holds the slot (Flow.wire of the flow that made it). */
   claim = 0;
   readonly slab = new Uint8Array(SLAB_BYTES);
+  readonly view = new DataView(this.slab.buffer);
   used = 0;
   /** Tuples kept: the first `tuples` entries of the arrays (fixed arrays, counted: a claim writes no array length). */
   tuples = 0;
@@ -76,7 +77,7 @@ class WireSlot {
     const n = w.len - start;
     if (this.used + n > SLAB_BYTES) return -1;
     const at = this.used;
-    w.copyTail(start, this.slab, at);
+    w.copyTail(start, this.slab, at, this.view);
     this.used += n;
     return at;
   }
@@ -116,7 +117,7 @@ function writeTuple(w: EventWriter, tag: number, t: Tuple, slot: WireSlot): numb
   const i = slot.findTuple(t);
   if (i >= 0) {
     const len = slot.tupleLen[i]!;
-    w.uint32(tag).uint32(len).rawRange(slot.slab, slot.tupleAt[i]!, len);
+    w.uint32(tag).uint32(len).rawRange(slot.slab, slot.tupleAt[i]!, len, slot.view);
     return slot.tupleAt[i]!;
   }
   // The fields go straight into the event, behind a one-byte length (a
@@ -149,7 +150,7 @@ function keepRun(w: EventWriter, slot: WireSlot, start: number): number {
 /** Flow id and service (the flow's own: a flow has one of each). */
 function writeHead(w: EventWriter, slot: WireSlot, flowId: number, service: string): void {
   if (slot.headAt >= 0 && slot.headId === flowId && slot.headService === service) {
-    w.rawRange(slot.slab, slot.headAt, slot.headLen);
+    w.rawRange(slot.slab, slot.headAt, slot.headLen, slot.view);
     return;
   }
   const start = w.len;
@@ -169,7 +170,7 @@ function writeCtHead(w: EventWriter, slot: WireSlot, id: string, orig: Tuple, re
     const o = slot.findTuple(orig);
     const r = slot.findTuple(reply);
     if (o >= 0 && r >= 0 && slot.tupleAt[o] === slot.ctOrigAt && slot.tupleAt[r] === slot.ctReplyAt) {
-      w.rawRange(slot.slab, slot.ctAt, slot.ctLen);
+      w.rawRange(slot.slab, slot.ctAt, slot.ctLen, slot.view);
       return;
     }
   }
@@ -189,7 +190,7 @@ function writeCtHead(w: EventWriter, slot: WireSlot, id: string, orig: Tuple, re
 /** Backend and the backend's namespace (set once DNAT and the pod are known). */
 function writeTail(w: EventWriter, slot: WireSlot, backend: string | undefined, netns: string | undefined): void {
   if (slot.tailAt >= 0 && slot.tailBackend === backend && slot.tailNetns === netns) {
-    w.rawRange(slot.slab, slot.tailAt, slot.tailLen);
+    w.rawRange(slot.slab, slot.tailAt, slot.tailLen, slot.view);
     return;
   }
   const start = w.len;
@@ -223,6 +224,7 @@ class DeviceBytes {
   podSide = false;
   len = 0;
   readonly bytes = new Uint8Array(DEVICE_BYTES);
+  readonly view = new DataView(this.bytes.buffer);
 }
 
 const devices: DeviceBytes[] = Array.from({ length: DEVICE_SLOTS }, () => new DeviceBytes());
@@ -230,7 +232,7 @@ const devices: DeviceBytes[] = Array.from({ length: DEVICE_SLOTS }, () => new De
 function writeDevice(w: EventWriter, e: KernelEvent, netnsName: string | undefined, podSide: boolean): void {
   const d = devices[(Math.imul(e.ifindex, 0x9e3779b1) ^ e.netnsIno) >>> 24]!;
   if (d.len && d.ifindex === e.ifindex && d.netnsIno === e.netnsIno && d.ifname === e.ifname && d.linkKind === e.linkKind && d.netnsName === netnsName && d.podSide === podSide) {
-    w.rawRange(d.bytes, 0, d.len);
+    w.rawRange(d.bytes, 0, d.len, d.view);
     return;
   }
   const start = w.len;
@@ -247,7 +249,7 @@ function writeDevice(w: EventWriter, e: KernelEvent, netnsName: string | undefin
     d.len = 0;
     return;
   }
-  w.copyTail(start, d.bytes, 0);
+  w.copyTail(start, d.bytes, 0, d.view);
   d.len = n;
   d.ifindex = e.ifindex;
   d.netnsIno = e.netnsIno;

@@ -70,6 +70,37 @@ const everything: pb.IEvent = {
 };
 
 describe('EventWriter', () => {
+  it('rawRange and copyTail copy exactly, at every length and offset, with and without views, across growth', () => {
+    const src = new Uint8Array(700).map((_, i) => (i * 7 + 3) & 255);
+    const srcView = new DataView(src.buffer);
+    for (const withView of [false, true]) {
+      const w = new EventWriter(16); // grows while copying
+      const want: number[] = [];
+      for (let n = 0; n <= 260; n += n < 20 ? 1 : 7) {
+        for (const at of [0, 1, 3, 5]) {
+          w.uint32(n & 127);
+          want.push(n & 127);
+          w.rawRange(src, at, n, withView ? srcView : undefined);
+          want.push(...src.subarray(at, at + n));
+        }
+      }
+      assert.deepEqual([...w.finish()], want, `rawRange, ${withView ? 'with' : 'without'} a view`);
+      const target = new Uint8Array(300);
+      const targetView = new DataView(target.buffer);
+      for (const n of [0, 1, 5, 8, 33, 127, 128, 200]) {
+        for (const start of [0, 1, 2]) {
+          w.reset();
+          w.rawRange(src, 11, start + n);
+          target.fill(0);
+          w.copyTail(start, target, 7, withView ? targetView : undefined);
+          assert.deepEqual([...target.subarray(7, 7 + n)], [...src.subarray(11 + start, 11 + start + n)], `copyTail ${n} from ${start}`);
+          assert.equal(target[6], 0);
+          assert.equal(target[7 + n], 0, 'nothing past the end');
+        }
+      }
+    }
+  });
+
   it('the test event sets every field of Event and of the messages it holds', () => {
     const fieldsOf = (proto: object) => Object.keys(proto).filter((k) => k !== 'toJSON');
     const check = (what: string, proto: object, value: object | null | undefined) => {

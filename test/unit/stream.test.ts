@@ -40,6 +40,17 @@ describe('frames', () => {
     assert.equal(msg.events!.events![0]!.summary, events[0]!.summary);
   });
 
+  it('a batch\'s own frame is the frame of its bytes, at every length of the header\'s varint', () => {
+    // EventBatch lengths of 1, 2, 3 and 4 varint bytes (< 128, < 16 KiB, < 2 MiB, more).
+    for (const n of [0, 1, 60, 12_000, 22_000]) {
+      const events = Array.from({ length: n }, (_, i) => makeEvent(i));
+      const batch = encodeEvents(events);
+      assert.deepEqual(Buffer.from(batch.frame), Buffer.from(eventsFrame([batch.bytes])), `${n} events`);
+      assert.equal(batch.bytes.buffer, batch.frame.buffer, 'the bytes are a view of the frame');
+      assert.equal(pb.ServerMessage.decode(batch.frame).events?.events?.length ?? 0, n);
+    }
+  });
+
   it('a diagnosis carries its layer to clients', () => {
     const msg = pb.ServerMessage.decode(serverFrame({ diagnosis: { code: 'BACKEND_FILTERED', layer: 'pod-firewall', severity: 'error', service: 's', summary: 'x' } }));
     assert.equal(msg.diagnosis!.layer, 'pod-firewall');
