@@ -15,9 +15,12 @@
  * --only replay` keeps the short connections' capture (a file of the batches
  * as the addon gave them), and `node --cpu-prof dist/bench/replay.js
  * /tmp/short.rec` replays it with no kernel and no lab (a profiler started
- * before the BPF programs load makes their load fail).
+ * before the BPF programs load makes their load fail). `node
+ * dist/bench/replay.js /tmp/short.rec 15 ../other-checkout` compares two
+ * built trees on the capture, side by side in one process.
  */
 import fs from 'node:fs';
+import path from 'node:path';
 import { Lab } from '../src/lab/lab';
 import { runIn } from '../src/lab/exec';
 import { Tracer } from '../src/tracer/tracer';
@@ -228,15 +231,42 @@ export function load(file: string): { batches: Captured[]; connections: number; 
   return { batches, connections: header.connections, dropReasons: header.dropReasons, names };
 }
 
+/**
+ * Two trees side by side on one capture: this one and another checkout's
+ * (built), loaded in one process, passes alternating, the best of each.
+ */
+function compareTrees(file: string, passes: number, otherRoot: string): void {
+  const other = require(path.resolve(otherRoot, 'dist', 'bench', 'replay.js')) as { load: typeof load; replay: typeof replay };
+  const trees = [
+    { name: 'this tree', m: { load, replay }, best: { decode: Infinity, model: Infinity, encode: Infinity } },
+    { name: otherRoot, m: other, best: { decode: Infinity, model: Infinity, encode: Infinity } },
+  ];
+  const captures = trees.map((t) => t.m.load(file));
+  let events = 0;
+  for (let i = 0; i < passes; i++) {
+    trees.forEach((t, k) => {
+      const c = captures[k]!;
+      const r = t.m.replay(c.batches, c.dropReasons, c.names);
+      events = r.events;
+      for (const s of ['decode', 'model', 'encode'] as const) t.best[s] = Math.min(t.best[s], r[s]);
+    });
+  }
+  for (const t of trees) console.log(`${t.name}: ns/record decode ${fmt(t.best.decode / events)}, model ${fmt(t.best.model / events)}, encode ${fmt(t.best.encode / events)} (best of ${passes})`);
+}
+
 if (require.main === module) {
-  const file = process.argv[2];
+  const [file, passesArg, otherRoot] = process.argv.slice(2);
   if (!file) {
-    console.error('usage: node dist/bench/replay.js CAPTURE  (made with SVT_REPLAY_SAVE=CAPTURE node dist/bench/run.js --only replay)');
+    console.error('usage: node dist/bench/replay.js CAPTURE [PASSES] [OTHER_CHECKOUT]  (CAPTURE made with SVT_REPLAY_SAVE=CAPTURE node dist/bench/run.js --only replay; OTHER_CHECKOUT: a built tree to compare with, side by side)');
     process.exit(2);
   }
   try {
+    const passes = Number(passesArg) || 5;
+    if (otherRoot) {
+      compareTrees(file, passes, otherRoot);
+      process.exit(0);
+    }
     const c = load(file);
-    const passes = Number(process.argv[3]) || 5;
     for (let i = 0; i < passes; i++) {
       const r = replay(c.batches, c.dropReasons, c.names);
       const per = (ns: number) => fmt(ns / r.events);
