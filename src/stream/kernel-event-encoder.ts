@@ -40,6 +40,31 @@ const MAX_WIRED = 1024;
 /** A flow's runs and tuples are about 330 bytes; a slab that is full keeps what it has and takes no more. */
 const SLAB_BYTES = 512;
 
+/** A run of two fields kept in a slot's slab, with the two values it was made of. */
+class Run<A, B> {
+  at = -1;
+  len = 0;
+  a: A | undefined = undefined;
+  b: B | undefined = undefined;
+
+  /** Copies the run when it was made of `a` and `b`; false when it must be written. */
+  copy(w: EventWriter, slot: WireSlot, a: A, b: B): boolean {
+    if (this.at < 0 || this.a !== a || this.b !== b) return false;
+    w.rawRange(slot.slab, this.at, this.len, slot.view);
+    return true;
+  }
+
+  /** Keeps what `w` wrote from `start` on as the run of `a` and `b` (if the slab has room). */
+  keep(w: EventWriter, slot: WireSlot, start: number, a: A, b: B): void {
+    const at = slot.keep(w, start);
+    if (at < 0) return;
+    this.at = at;
+    this.len = w.len - start;
+    this.a = a;
+    this.b = b;
+  }
+}
+
 class WireSlot {
   /** Which claim holds the slot (Flow.wire of the flow that made it). */
   claim = 0;
@@ -51,25 +76,22 @@ class WireSlot {
   readonly keys: Tuple[] = new Array<Tuple>(MAX_TUPLES);
   readonly tupleAt = new Int32Array(MAX_TUPLES);
   readonly tupleLen = new Int32Array(MAX_TUPLES);
-  headAt = -1;
-  headLen = 0;
-  headId = 0;
-  headService = '';
+  /** Flow id and service. */
+  readonly head = new Run<number, string>();
   ctAt = -1;
   ctLen = 0;
   ctId = '';
   ctOrigAt = -1;
   ctReplyAt = -1;
-  tailAt = -1;
-  tailLen = 0;
-  tailBackend: string | undefined = undefined;
-  tailNetns: string | undefined = undefined;
+  /** Backend and the backend's namespace. */
+  readonly tail = new Run<string | undefined, string | undefined>();
 
   reset(claim: number): void {
     this.claim = claim;
     this.used = 0;
     this.tuples = 0;
-    this.headAt = this.ctAt = this.tailAt = -1;
+    this.ctAt = -1;
+    this.head.at = this.tail.at = -1;
   }
 
   /** Keeps what `w` wrote from `start` on in the slab: where, or -1 when it does not fit. */
@@ -149,19 +171,11 @@ function keepRun(w: EventWriter, slot: WireSlot, start: number): number {
 
 /** Flow id and service (the flow's own: a flow has one of each). */
 function writeHead(w: EventWriter, slot: WireSlot, flowId: number, service: string): void {
-  if (slot.headAt >= 0 && slot.headId === flowId && slot.headService === service) {
-    w.rawRange(slot.slab, slot.headAt, slot.headLen, slot.view);
-    return;
-  }
+  if (slot.head.copy(w, slot, flowId, service)) return;
   const start = w.len;
   if (flowId) w.uint32(Tag.FLOW_ID).uint64(flowId);
   str(w, Tag.SERVICE, service);
-  const at = keepRun(w, slot, start);
-  if (at < 0) return;
-  slot.headAt = at;
-  slot.headLen = w.len - start;
-  slot.headId = flowId;
-  slot.headService = service;
+  slot.head.keep(w, slot, start, flowId, service);
 }
 
 /** Conntrack's id, original and reply tuples. */
@@ -178,7 +192,7 @@ function writeCtHead(w: EventWriter, slot: WireSlot, id: string, orig: Tuple, re
   str(w, Tag.C_ID, id);
   const origAt = writeTuple(w, Tag.C_ORIGINAL, orig, slot);
   const replyAt = writeTuple(w, Tag.C_REPLY, reply, slot);
-  const at = origAt < 0 || replyAt < 0 ? -1 : keepRun(w, slot, start);
+  const at = origAt < 0 || replyAt < 0 ? -1 : slot.keep(w, start);
   if (at < 0) return;
   slot.ctAt = at;
   slot.ctLen = w.len - start;
@@ -189,19 +203,11 @@ function writeCtHead(w: EventWriter, slot: WireSlot, id: string, orig: Tuple, re
 
 /** Backend and the backend's namespace (set once DNAT and the pod are known). */
 function writeTail(w: EventWriter, slot: WireSlot, backend: string | undefined, netns: string | undefined): void {
-  if (slot.tailAt >= 0 && slot.tailBackend === backend && slot.tailNetns === netns) {
-    w.rawRange(slot.slab, slot.tailAt, slot.tailLen, slot.view);
-    return;
-  }
+  if (slot.tail.copy(w, slot, backend, netns)) return;
   const start = w.len;
   str(w, Tag.BACKEND, backend);
   str(w, Tag.BACKEND_NETNS, netns);
-  const at = keepRun(w, slot, start);
-  if (at < 0) return;
-  slot.tailAt = at;
-  slot.tailLen = w.len - start;
-  slot.tailBackend = backend;
-  slot.tailNetns = netns;
+  slot.tail.keep(w, slot, start, backend, netns);
 }
 
 /**
