@@ -19,3 +19,26 @@ export async function curlEach(lab: Lab, url: string, n: number): Promise<Served
   assert.equal(served.length, n, 'every request was served, once');
   return served;
 }
+
+/**
+ * Waits (ms, times TIME_SCALE) until `ended()` holds, asking the node's
+ * conntrack to reap expired entries once a second meanwhile. Conntrack ends
+ * an entry whose timeout passed only when something looks at it: a dump
+ * (`conntrack -L`) or its GC worker, which on a quiet 6.1 table may not come
+ * round for a minute. One dump right after the lab's 2 s TIME_WAIT is not
+ * enough on a slow emulated guest, where the last connections reach TIME_WAIT
+ * late: a 6.1 kprobe CI run saw them never destroyed.
+ */
+export async function reapUntil(lab: Lab, ended: () => boolean, ms: number): Promise<boolean> {
+  const end = Date.now() + ms * TIME_SCALE;
+  for (;;) {
+    await lab.reapConntrack();
+    if (ended()) return true;
+    if (Date.now() >= end) return false;
+    const next = Date.now() + 1000;
+    while (Date.now() < Math.min(next, end)) {
+      await new Promise((r) => setTimeout(r, 50));
+      if (ended()) return true;
+    }
+  }
+}

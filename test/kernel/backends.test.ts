@@ -14,7 +14,8 @@
 import { after, before, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import { kernelTest, IS_ROOT, sleep } from '../helpers/kernel';
-import { FlowLog, waitFor } from '../helpers/flows';
+import { FlowLog } from '../helpers/flows';
+import { reapUntil } from '../helpers/lab-traffic';
 import { Lab } from '../../src/lab/lab';
 import { runIn } from '../../src/lab/exec';
 import { Pipeline } from '../../src/pipeline/pipeline';
@@ -85,12 +86,11 @@ describe('attach backends agree (kernel)', () => {
       for (let i = 0; i < 3; i++) await runIn(lab.nodeNetns, ['curl', '-s', '-o', '/dev/null', '--max-time', '5', `http://${web.clusterIP}/n${i}`]);
       await runIn(lab.nodeNetns, ['curl', '-s', '-o', '/dev/null', '--max-time', '20', `http://${web.clusterIP}/k[1-40]`], { timeoutMs: 30_000 });
       await sleep(2500); // TIME_WAIT is 2 s in the lab
-      await lab.reapConntrack();
       const tcpFlows = (log: FlowLog) => [...log.flows.values()].filter((x) => x.orig.proto === 6);
       const ended = (log: FlowLog) => tcpFlows(log).length >= 10 && tcpFlows(log).every((x) => x.countersFinal);
       const state = (log: FlowLog) => tcpFlows(log).map((x) => `${x.orig.sport}${x.countersFinal ? '' : ' (open)'} ${x.packets}`).join(', ');
       assert.ok(
-        await waitFor(() => runs.every((r) => ended(r.log)), 15_000),
+        await reapUntil(lab, () => runs.every((r) => ended(r.log)), 15_000),
         `every connection ended, seen by every backend: ${runs.map((r) => `${r.backend} [${state(r.log)}]`).join('; ')}`,
       );
       const key = (x: Flow) => `${x.orig.saddr}:${x.orig.sport}`;

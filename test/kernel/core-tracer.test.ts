@@ -8,7 +8,7 @@ import { after, before, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import { dropReasonName, kernelTest, IS_ROOT, sleep } from '../helpers/kernel';
 import { FlowLog, settled, waitFor } from '../helpers/flows';
-import { curlEach } from '../helpers/lab-traffic';
+import { curlEach, reapUntil } from '../helpers/lab-traffic';
 import { Lab, LAB_ADDR, POD_HTTP_PORT, POD_UDP_PORT } from '../../src/lab/lab';
 import { runIn } from '../../src/lab/exec';
 import { Pipeline } from '../../src/pipeline/pipeline';
@@ -69,13 +69,16 @@ describe('core tracer (kernel)', () => {
     const served = await curlEach(lab, `http://${web.clusterIP}/`, N);
     // TIME_WAIT is 2 s in the lab's node; then have conntrack reap and report.
     await sleep(2500);
-    await lab.reapConntrack();
     const ports = served.map((s) => Number(s.client.split(':')[1]));
     const destroyed = (p: number) => {
       const f = log.flowByClientPort(p, web.clusterIP);
       return f !== undefined && log.stages(f, S.STAGE_CLOSE).length > 0;
     };
-    assert.ok(await waitFor(() => ports.every(destroyed), 5000), 'every flow was destroyed');
+    const notDestroyed = () => ports.filter((p) => !destroyed(p)).map((p) => {
+      const f = log.flowByClientPort(p, web.clusterIP);
+      return f ? `${p} (flow ${f.id}: ${log.eventsOf(f).map(eventSummary).join('; ')})` : `${p} (no flow)`;
+    });
+    assert.ok(await reapUntil(lab, () => ports.every(destroyed), 10_000), `every flow was destroyed; not: ${notDestroyed().join('\n')}`);
 
     const perBackend = new Map<string, number>();
     for (const s of served) {

@@ -15,6 +15,7 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { kernelTest, IS_ROOT, sleep } from '../helpers/kernel';
 import { FlowLog, TIME_SCALE, waitFor } from '../helpers/flows';
+import { reapUntil } from '../helpers/lab-traffic';
 import { conntrackDestroys } from '../helpers/conntrack-events';
 import { Lab } from '../../src/lab/lab';
 import { runIn } from '../../src/lab/exec';
@@ -106,11 +107,10 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
       const u = await runIn(lab.nodeNetns, [process.execPath, '-e', UDP_EXCHANGES, dns.clusterIP, '53', '40'], { timeoutMs: 20_000 });
       const udpPort = Number(/port=(\d+)/.exec(u.stdout)![1]);
       await sleep(2500); // TIME_WAIT is 2 s in the lab
-      await lab.reapConntrack();
       // A UDP entry lives 30 s or more: end it now (conntrack reports it like any destroy).
       await runIn(lab.nodeNetns, ['conntrack', '-D', '-p', 'udp', '--orig-port-src', String(udpPort)]);
       const flowOf = (port: number) => log.flowByClientPort(port);
-      assert.ok(await waitFor(() => !!flowOf(tcpPort)?.countersFinal && !!flowOf(udpPort)?.countersFinal, 10_000), 'both flows ended with final counters');
+      assert.ok(await reapUntil(lab, () => !!flowOf(tcpPort)?.countersFinal && !!flowOf(udpPort)?.countersFinal, 10_000), 'both flows ended with final counters');
       const truth = () => ct.text().split('\n').map(parseDestroy).filter((x): x is CtCounters => !!x);
       assert.ok(await waitFor(() => truth().some((c) => c.sport === tcpPort) && truth().some((c) => c.sport === udpPort), 5000), `conntrack -E saw both ends:\n${ct.text()}`);
       for (const [port, proto] of [
@@ -139,8 +139,7 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
       const p100 = await keepAlive(100);
       const p1000 = await keepAlive(1000);
       await sleep(2500);
-      await lab.reapConntrack();
-      assert.ok(await waitFor(() => !!log.flowByClientPort(p1000)?.countersFinal && !!log.flowByClientPort(p100)?.countersFinal, 10_000));
+      assert.ok(await reapUntil(lab, () => !!log.flowByClientPort(p1000)?.countersFinal && !!log.flowByClientPort(p100)?.countersFinal, 10_000), 'both keep-alive flows ended');
       const count = (port: number) => log.eventsOf(log.flowByClientPort(port)!).filter((e) => e.kind !== pb.EventKind.EVENT_KIND_FLOW_STATS).length;
       small = count(p100);
       large = count(p1000);

@@ -20,6 +20,7 @@ import { after, before, describe, TestContext } from 'node:test';
 import assert from 'node:assert/strict';
 import { kernelTest, IS_ROOT, netfilterLinks, sleep } from '../helpers/kernel';
 import { FlowLog, TIME_SCALE, waitFor } from '../helpers/flows';
+import { reapUntil } from '../helpers/lab-traffic';
 import { conntrackDestroys } from '../helpers/conntrack-events';
 import { explain } from '../../src/explain/explain';
 import { Lab } from '../../src/lab/lab';
@@ -85,10 +86,9 @@ describe('kube-proxy IPVS mode (kernel)', () => {
       for (let i = 0; i < 4; i++) assert.ok((await L.curl(`http://${web.clusterIP}/n${i}`, 'node')).ok, 'node -> VIP');
       for (let i = 0; i < 2; i++) assert.ok((await L.curl(`http://10.250.0.1:${web.nodePort}/p${i}`, 'client')).ok, 'client -> NodePort');
       await sleep(2500); // TIME_WAIT is 2 s in the lab
-      await L.reapConntrack();
       const total = N + 4 + 2;
       const flows = () => [...log.flows.values()].filter((f) => f.orig.proto === 6);
-      assert.ok(await waitFor(() => flows().length >= total && flows().every((f) => f.countersFinal), 15_000), `every connection ended: ${flows().length} flows`);
+      assert.ok(await reapUntil(L, () => flows().length >= total && flows().every((f) => f.countersFinal), 15_000), `every connection ended: ${flows().length} flows`);
       assert.equal(flows().length, total, 'one flow per connection');
       assert.equal(L.served.length, total);
 
