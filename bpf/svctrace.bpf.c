@@ -195,24 +195,6 @@ static __always_inline __u32 service_id_of_ct(struct ct_verdict *c, __u64 key, c
 	return svc ? *svc : 0;
 }
 
-/* The original-direction tuple of an entry, in one read. (nf_conn is read
- * with helpers, not through a BTF cast: its type may live in the
- * nf_conntrack module's BTF, and vmlinux also has a nf_conn___init that
- * makes a CO-RE type id ambiguous.) */
-static __always_inline int read_ct_orig(struct svt_tuple *t, struct nf_conn *ct)
-{
-	struct nf_conntrack_tuple kt;
-
-	if (bpf_core_read(&kt, sizeof(kt), &ct->tuplehash[IP_CT_DIR_ORIGINAL].tuple))
-		return -1;
-	t->saddr = kt.src.u3.ip;
-	t->daddr = kt.dst.u3.ip;
-	t->sport = kt.src.u.all;
-	t->dport = kt.dst.u.all;
-	t->proto = kt.dst.protonum;
-	return 0;
-}
-
 static __always_inline bool tuple_eq(const struct svt_tuple *a, const struct svt_tuple *b)
 {
 	return a->saddr == b->saddr && a->daddr == b->daddr && a->sport == b->sport && a->dport == b->dport &&
@@ -497,25 +479,18 @@ static __always_inline bool ipvs_reinjected(struct sk_buff *skb, __u8 hook)
 	return BPF_CORE_READ_BITFIELD_PROBED((struct sk_buff___ipvs *)skb, ipvs_property);
 }
 
-/*
- * A field of the packet or of the hook state. Netfilter programs and
- * fentry/fexit get them as trusted BTF pointers: plain loads, the cheapest
- * on the hot path. kprobes get plain addresses, which the verifier lets us
- * read only through bpf_probe_read_kernel. `probed` is a constant in every
- * caller of the always-inlined observe_nf, so each program keeps one branch.
- */
-#define SVT_LOAD(probed, p, field) ((probed) ? BPF_CORE_READ(p, field) : (p)->field)
 
 static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_state *state, __u8 stage,
 				      const bool probed)
 {
 	struct svt_flow_counters *st;
 	struct pkt_facts facts = {};
-	struct svt_tuple orig = {};
+	struct svt_tuple orig = {}, reply = {};
 	struct ct_verdict *cv;
 	struct net_device *dev;
 	struct svt_event *e;
 	struct nf_conn *ct;
+	struct net *net;
 	unsigned long nfct;
 	unsigned char *nh;
 	__u32 svc, status, bit, h, zero = 0;
@@ -567,7 +542,7 @@ static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_
 	}
 
 	/* The full check. */
-	if (read_ct_orig(&orig, ct))
+	if (read_ct_tuples(&orig, &reply, ct))
 		return NF_ACCEPT;
 	svc = service_id_of_ct(cv, ct_cache_key(ct, &orig), &orig);
 	if (!svc) {
@@ -633,9 +608,6 @@ static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_
 		(hook == NF_INET_POST_ROUTING || hook == NF_INET_LOCAL_IN);
 
 	if (first) {
-		struct svt_tuple reply = {};
-
-		read_ct_tuple(&reply, &ct->tuplehash[IP_CT_DIR_REPLY].tuple);
 		register_flow((__u64)ct, svc, &orig, &reply);
 		svt_count(SVT_CNT_FLOWS);
 	}
@@ -646,14 +618,13 @@ static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_
 			e->nf_stage = stage;
 			e->nf_priority = nf_priority_of(hook, stage);
 			e->service_id = svc;
-			e->netns_ino = BPF_CORE_READ(state, net, ns.inum);
-			if (hook == NF_INET_PRE_ROUTING || hook == NF_INET_LOCAL_IN)
-				dev = BPF_CORE_READ(state, in);
-			else
-				dev = BPF_CORE_READ(state, out);
-			fill_dev(e, dev);
+			net = SVT_LOAD(probed, state, net);
+			e->netns_ino = SVT_LOAD(probed, net, ns.inum);
+			dev = hook == NF_INET_PRE_ROUTING || hook == NF_INET_LOCAL_IN ? SVT_LOAD(probed, state, in) :
+										       SVT_LOAD(probed, state, out);
+			fill_dev(e, dev, probed);
 			fill_skb(e, skb, nh);
-			fill_ct(e, ct, ctinfo);
+			fill_ct_read(e, ct, ctinfo, &orig, &reply, status, tcp_state);
 			if (st)
 				e->ct_birth = SVT_CT_BIRTH(st->first_ns);
 			/* The routing decision of the direction's first packet: later
@@ -901,7 +872,7 @@ static __always_inline int observe_dev(struct sk_buff *skb, __u16 kind)
 	e->service_id = ref->service_id;
 	e->dir = ref->dir;
 	fill_skb(e, skb, nh);
-	fill_dev(e, BPF_CORE_READ(skb, dev));
+	fill_dev(e, skb->dev, false);
 	svt_submit(e);
 	return 0;
 }
@@ -1030,7 +1001,7 @@ static __always_inline int observe_drop(struct sk_buff *skb, __u32 reason, const
 	e->reason = reason;
 	e->service_id = svc_id;
 	fill_skb(e, skb, nh);
-	fill_dev(e, BPF_CORE_READ(skb, dev));
+	fill_dev(e, skb->dev, false);
 	if (ct) {
 		fill_ct(e, ct, BPF_CORE_READ(skb, _nfct) & SVT_NFCT_INFOMASK);
 	} else if (ref) {
@@ -1070,7 +1041,6 @@ int BPF_PROG(svt_fib, u32 tb_id, const struct flowi4 *flp, const struct fib_nh_c
 {
 	__u32 zero = 0;
 	struct fib_stash *st;
-	struct net_device *dev;
 	struct svt_event *e;
 	struct nf_conn *ct;
 	__u32 daddr, want;
@@ -1112,8 +1082,7 @@ int BPF_PROG(svt_fib, u32 tb_id, const struct flowi4 *flp, const struct fib_nh_c
 	e->reason = tb_id; /* routing table id */
 	if (BPF_CORE_READ(nhc, nhc_gw_family) == 2 /* AF_INET */)
 		e->gateway = BPF_CORE_READ(nhc, nhc_gw.ipv4);
-	dev = BPF_CORE_READ(nhc, nhc_dev);
-	fill_dev(e, dev);
+	fill_dev(e, nhc->nhc_dev, false);
 	/* One report per packet: the next lookup needs a new hook visit. */
 	st->ct_id = 0;
 	svt_submit(e);

@@ -91,51 +91,113 @@ static __always_inline struct nf_conn *ct_of_skb(struct sk_buff *skb)
 	return (struct nf_conn *)(nfct & ~SVT_NFCT_INFOMASK);
 }
 
-static __always_inline void read_ct_tuple(struct svt_tuple *t, struct nf_conntrack_tuple *kt)
+static __always_inline void tuple_of_kernel(struct svt_tuple *t, const struct nf_conntrack_tuple *kt)
 {
-	t->saddr = BPF_CORE_READ(kt, src.u3.ip);
-	t->daddr = BPF_CORE_READ(kt, dst.u3.ip);
-	t->sport = BPF_CORE_READ(kt, src.u.all);
-	t->dport = BPF_CORE_READ(kt, dst.u.all);
-	t->proto = BPF_CORE_READ(kt, dst.protonum);
+	t->saddr = kt->src.u3.ip;
+	t->daddr = kt->dst.u3.ip;
+	t->sport = kt->src.u.all;
+	t->dport = kt->dst.u.all;
+	t->proto = kt->dst.protonum;
 }
 
-static __always_inline void fill_ct(struct svt_event *e, struct nf_conn *ct, __u8 ctinfo)
+/*
+ * Both tuples of a conntrack entry, in one read of its tuplehash array
+ * rather than five per tuple: every helper call costs tens of ns, and a
+ * traced packet's full check and its record need both. (nf_conn is read with
+ * helpers, not through a BTF cast: its type may live in the nf_conntrack
+ * module's BTF, and vmlinux also has a nf_conn___init that makes a CO-RE
+ * type id ambiguous.) The layout read (two list pointers, then the tuple) is
+ * the same in every kernel the tracer supports.
+ */
+static __always_inline int read_ct_tuples(struct svt_tuple *orig, struct svt_tuple *reply, struct nf_conn *ct)
+{
+	struct nf_conntrack_tuple_hash th[IP_CT_DIR_MAX];
+
+	if (bpf_core_read(th, sizeof(th), &ct->tuplehash))
+		return -1;
+	tuple_of_kernel(orig, &th[IP_CT_DIR_ORIGINAL].tuple);
+	tuple_of_kernel(reply, &th[IP_CT_DIR_REPLY].tuple);
+	return 0;
+}
+
+/*
+ * The entry's fields of a record, given what the caller has read already
+ * (its tuples, status and TCP state: observe_nf's full check reads them for
+ * its own rules). Only what nothing else needs is read here.
+ */
+static __always_inline void fill_ct_read(struct svt_event *e, struct nf_conn *ct, __u8 ctinfo,
+					 const struct svt_tuple *orig, const struct svt_tuple *reply, __u32 status,
+					 __u8 tcp_state)
 {
 	__u32 timeout;
 
 	e->ct_id = (__u64)ct;
 	e->ctinfo = ctinfo;
 	e->dir = ctinfo >= IP_CT_IS_REPLY ? SVT_DIR_REPLY : SVT_DIR_ORIGINAL;
-	e->ct_status = BPF_CORE_READ(ct, status);
-	read_ct_tuple(&e->ct_orig, &ct->tuplehash[IP_CT_DIR_ORIGINAL].tuple);
-	read_ct_tuple(&e->ct_reply, &ct->tuplehash[IP_CT_DIR_REPLY].tuple);
+	e->ct_status = status;
+	e->ct_orig = *orig;
+	e->ct_reply = *reply;
 	if (bpf_core_field_exists(ct->mark))
 		e->ct_mark = BPF_CORE_READ(ct, mark);
 	if (bpf_core_field_exists(ct->zone))
 		e->ct_zone = BPF_CORE_READ(ct, zone.id);
-	if (e->ct_orig.proto == IPPROTO_TCP)
-		e->ct_tcp_state = BPF_CORE_READ(ct, proto.tcp.state);
+	if (orig->proto == IPPROTO_TCP)
+		e->ct_tcp_state = tcp_state;
 	/* ct->timeout is an absolute jiffies value once the entry is confirmed;
 	 * before that it holds the relative timeout. */
 	timeout = BPF_CORE_READ(ct, timeout);
-	if (e->ct_status & IPS_CONFIRMED)
+	if (status & IPS_CONFIRMED)
 		timeout -= (__u32)bpf_jiffies64();
 	if ((__s32)timeout > 0 && CONFIG_HZ)
 		e->ct_timeout_ms = (__u32)(((__u64)timeout * 1000) / CONFIG_HZ);
 }
 
-static __always_inline void fill_dev(struct svt_event *e, struct net_device *dev)
+static __always_inline void fill_ct(struct svt_event *e, struct nf_conn *ct, __u8 ctinfo)
 {
+	struct svt_tuple orig = {}, reply = {};
+	__u8 tcp_state = 0;
+
+	read_ct_tuples(&orig, &reply, ct);
+	if (orig.proto == IPPROTO_TCP)
+		tcp_state = BPF_CORE_READ(ct, proto.tcp.state);
+	fill_ct_read(e, ct, ctinfo, &orig, &reply, BPF_CORE_READ(ct, status), tcp_state);
+}
+
+/*
+ * A field through a kernel pointer. Netfilter programs, fentry/fexit and
+ * tp_btf get BTF pointers (their arguments, and what plain loads reach from
+ * them): plain loads, the cheapest on the hot path (a faulting one reads 0,
+ * as a failed helper read does). kprobes get plain addresses, which the
+ * verifier lets us read only through bpf_probe_read_kernel. `probed` is a
+ * constant in every caller of the always-inlined functions taking it, so
+ * each program keeps one branch.
+ */
+#define SVT_LOAD(probed, p, field) ((probed) ? BPF_CORE_READ(p, field) : (p)->field)
+
+/*
+ * The device's fields of a record: every record with a device pays this,
+ * so plain loads where the pointer allows them. The name is copied whole,
+ * not as a string (one copy, not a byte loop): bytes past its NUL (left
+ * there by a rename) are never read, user space takes the name up to its NUL.
+ */
+static __always_inline void fill_dev(struct svt_event *e, struct net_device *dev, const bool probed)
+{
+	const struct rtnl_link_ops *ops;
 	const char *kind;
+	struct net *net;
 
 	if (!dev)
 		return;
-	e->ifindex = BPF_CORE_READ(dev, ifindex);
-	bpf_probe_read_kernel_str(e->ifname, sizeof(e->ifname), dev->name);
-	if (!e->netns_ino)
-		e->netns_ino = BPF_CORE_READ(dev, nd_net.net, ns.inum);
-	kind = BPF_CORE_READ(dev, rtnl_link_ops, kind);
+	e->ifindex = SVT_LOAD(probed, dev, ifindex);
+	bpf_probe_read_kernel(e->ifname, sizeof(e->ifname), dev->name);
+	if (!e->netns_ino) {
+		net = SVT_LOAD(probed, dev, nd_net.net);
+		e->netns_ino = SVT_LOAD(probed, net, ns.inum);
+	}
+	ops = SVT_LOAD(probed, dev, rtnl_link_ops);
+	if (!ops)
+		return;
+	kind = SVT_LOAD(probed, ops, kind);
 	if (kind)
 		bpf_probe_read_kernel_str(e->link_kind, sizeof(e->link_kind), kind);
 }
@@ -186,7 +248,9 @@ static __always_inline void capture(struct svt_event *e, struct sk_buff *skb, un
 		e->cap_len = len;
 }
 
-/* Fills the packet fields from the IP header at nh. */
+/* Fills the packet fields from the IP header at nh: the header in one read,
+ * the start of the L4 header (ports; TCP's flags, ICMP's type and code) in
+ * another. */
 static __always_inline void fill_skb(struct svt_event *e, struct sk_buff *skb, unsigned char *nh)
 {
 	struct iphdr iph;
@@ -195,15 +259,25 @@ static __always_inline void fill_skb(struct svt_event *e, struct sk_buff *skb, u
 	e->skb_id = (__u64)skb;
 	e->pkt_len = BPF_CORE_READ(skb, len);
 	capture(e, skb, nh);
-	if (read_tuple_at(&e->pkt, nh))
+	if (bpf_probe_read_kernel(&iph, sizeof(iph), nh) || iph.version != 4)
 		return;
-	if (bpf_probe_read_kernel(&iph, sizeof(iph), nh))
-		return;
+	e->pkt.saddr = iph.saddr;
+	e->pkt.daddr = iph.daddr;
+	e->pkt.proto = iph.protocol;
+	nh += iph.ihl * 4;
 	if (iph.protocol == IPPROTO_TCP) {
-		if (!bpf_probe_read_kernel(l4, sizeof(l4), nh + iph.ihl * 4))
+		if (!bpf_probe_read_kernel(l4, sizeof(l4), nh)) {
+			__builtin_memcpy(&e->pkt.sport, &l4[0], 2);
+			__builtin_memcpy(&e->pkt.dport, &l4[2], 2);
 			e->tcp_flags = l4[13];
+		}
+	} else if (iph.protocol == IPPROTO_UDP || iph.protocol == IPPROTO_SCTP) {
+		if (!bpf_probe_read_kernel(l4, 4, nh)) {
+			__builtin_memcpy(&e->pkt.sport, &l4[0], 2);
+			__builtin_memcpy(&e->pkt.dport, &l4[2], 2);
+		}
 	} else if (iph.protocol == IPPROTO_ICMP) {
-		if (!bpf_probe_read_kernel(l4, 2, nh + iph.ihl * 4)) {
+		if (!bpf_probe_read_kernel(l4, 2, nh)) {
 			e->icmp_type = l4[0];
 			e->icmp_code = l4[1];
 		}

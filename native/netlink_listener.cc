@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <libmnl/libmnl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -71,7 +72,14 @@ NetlinkListener::~NetlinkListener() {
 void NetlinkListener::Start(Napi::Env env, Napi::Function on_batch, const char* name) {
   if (sink_) return;
   sink_ = std::make_unique<BatchSink>(env, on_batch, name, Channel::kNetlink);
-  thread_ = std::thread([this] { Run(); });
+  // Named for `top -H` on a busy node: the kernel keeps 15 characters.
+  std::string thread_name = name;
+  if (thread_name.rfind("svctrace-", 0) == 0) thread_name = "svt-" + thread_name.substr(9);
+  thread_name.resize(std::min<size_t>(thread_name.size(), 15));
+  thread_ = std::thread([this, thread_name] {
+    pthread_setname_np(pthread_self(), thread_name.c_str());
+    Run();
+  });
 }
 
 void NetlinkListener::Stop() {

@@ -5,6 +5,7 @@
 #include <bpf/bpf.h>
 #include <errno.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -91,7 +92,10 @@ void RingReader::Unmap() {
 void RingReader::Start() {
   if (started_) return;
   started_ = true;
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "svt-ring");  // for `top -H` on a busy node
+    Run();
+  });
 }
 
 void RingReader::Stop() {
