@@ -6,9 +6,12 @@
  * on for this benchmark only and restored after) are read with `bpftool
  * prog show -j` before and after each wrk run; only the programs this run
  * loaded count. Less sensitive to a noisy machine than req/s ratios: it is
- * CPU time spent in our programs, not throughput.
+ * CPU time spent in our programs, not throughput. The same runs also give
+ * svctrace's user-space CPU per request, thread by thread (bench/thread-cpu):
+ * what the trace costs the node beside its programs.
  */
 import fs from 'node:fs';
+import path from 'node:path';
 import { execFileSync } from 'node:child_process';
 import { Lab } from '../src/lab/lab';
 import { runIn } from '../src/lab/exec';
@@ -16,6 +19,7 @@ import { Pipeline } from '../src/pipeline/pipeline';
 import { parseServiceSpec } from '../src/net/ipv4';
 import { parseWrk } from './datapath';
 import { fmt, sleep, table, writeResult } from './common';
+import { cpuBetween, threadCpu } from './thread-cpu';
 
 const STATS_SYSCTL = '/proc/sys/kernel/bpf_stats_enabled';
 
@@ -51,10 +55,10 @@ export async function benchKernelCost(opts: { quick: boolean }): Promise<object>
   const seconds = opts.quick ? 4 : 8;
   const rounds = opts.quick ? 1 : 3;
   const before = fs.readFileSync(STATS_SYSCTL, 'utf8').trim();
-  const lab = await Lab.up();
+  const lab = await Lab.up({ requestLog: false }); // nothing here reads lab.served
   const totals = Object.fromEntries(
-    CONNS.map((c) => [c, Object.fromEntries(MODES.map((m) => [m, { requests: 0, progs: new Map<string, ProgRun>() }]))]),
-  ) as Record<Conn, Record<Mode, { requests: number; progs: Map<string, ProgRun> }>>;
+    CONNS.map((c) => [c, Object.fromEntries(MODES.map((m) => [m, { requests: 0, progs: new Map<string, ProgRun>(), user: new Map<string, number>() }]))]),
+  ) as Record<Conn, Record<Mode, { requests: number; progs: Map<string, ProgRun>; user: Map<string, number> }>>;
   // Restored however the run ends: the benchmark runner stops a child that
   // runs out of time with SIGTERM and process.exit, which skips `finally`.
   const restore = () => fs.writeFileSync(STATS_SYSCTL, before);
@@ -71,8 +75,12 @@ export async function benchKernelCost(opts: { quick: boolean }): Promise<object>
           const ids = new Set([...programIds()].filter((id) => !existing.has(id)));
           await sleep(300);
           const a = ourPrograms(ids);
+          const cpuA = threadCpu();
           const out = await runIn(lab.clientNetns, ['wrk', '-t1', '-c16', `-d${seconds}s`, ...(conn === 'short' ? ['-H', 'Connection: close'] : []), 'http://10.96.0.100/'], { timeoutMs: (seconds + 30) * 1000 });
           const b = ourPrograms(ids);
+          // The pipeline's backlog at the end of the run is part of its cost.
+          await sleep(300);
+          const cpuB = threadCpu();
           const w = parseWrk(out.stdout);
           if (!(w.requests > 0)) throw new Error(`wrk made no requests (${mode}): ${out.stderr.trim() || out.stdout.trim()}`);
           const total = totals[conn][mode];
@@ -83,6 +91,7 @@ export async function benchKernelCost(opts: { quick: boolean }): Promise<object>
             t.runs += after.runs - (a.get(name)?.runs ?? 0);
             total.progs.set(name, t);
           }
+          for (const [role, s] of cpuBetween(cpuA, cpuB)) total.user.set(role, (total.user.get(role) ?? 0) + s);
         } finally {
           await p.stop();
         }
@@ -109,11 +118,88 @@ export async function benchKernelCost(opts: { quick: boolean }): Promise<object>
     const what = conn === 'short' ? 'short connection (one request each)' : 'keep-alive request';
     console.log(`\nKernel time per ${what}, ${mode === 'traced' ? 'tracing this service' : 'tracing another service'} (bpf_stats, wrk -c16, ${rounds} x ${seconds} s, ${fmt(t.requests)} requests)`);
     console.log(table(['program', 'runs/request', 'ns/run', 'ns/request'], rows));
+    // The same runs' user-space CPU, by thread (10 ms ticks: a role under
+    // a few ticks per run reads as noise).
+    const userRows = [...t.user].filter(([, s]) => s > 0).sort((x, y) => y[1] - x[1]);
+    const userNs = userRows.reduce((n, [, s]) => n + (s * 1e9) / t.requests, 0);
+    console.log(`svctrace's threads, CPU per ${conn === 'short' ? 'connection' : 'request'} (same runs, /proc/self/task, 300 ms of backlog after each)`);
+    console.log(table(['thread', 'ns/request'], [...userRows.map(([role, s]) => [role, fmt((s * 1e9) / t.requests)]), ['total', fmt(userNs)]]));
     // Keep-alive rows keep their earlier keys (traced, other); short ones are short.traced, short.other.
-    const r = { requests: t.requests, nsPerRequest: nsPerReq, programs: Object.fromEntries(t.progs) };
+    const r = { requests: t.requests, nsPerRequest: nsPerReq, programs: Object.fromEntries(t.progs), userNsPerRequest: userNs, userThreadsNsPerRequest: Object.fromEntries(userRows.map(([role, s]) => [role, (s * 1e9) / t.requests])) };
     if (conn === 'keepalive') result[mode] = r;
     else ((result.short ??= {}) as Record<string, unknown>)[mode] = r;
   }
   console.log(`-> ${writeResult('kernel-cost', result)}`);
   return result;
+}
+
+/**
+ * Kernel time per short connection of two built trees (this one and
+ * `otherRoot`), their pipelines taking turns on one lab, `rounds` x 3 s
+ * each: what a change to the BPF programs buys, side by side in one run.
+ * Each tree loads its own addon, and so its own programs.
+ */
+export async function compareTrees(otherRoot: string, rounds: number): Promise<void> {
+  const roots = [path.resolve(__dirname, '..', '..'), path.resolve(otherRoot)];
+  const trees = roots.map((root) => {
+    const { Pipeline: P } = require(path.join(root, 'dist/src/pipeline/pipeline.js')) as { Pipeline: typeof Pipeline };
+    return { root, Pipeline: P, requests: 0, progs: new Map<string, ProgRun>() };
+  });
+  const before = fs.readFileSync(STATS_SYSCTL, 'utf8').trim();
+  const restore = () => fs.writeFileSync(STATS_SYSCTL, before);
+  process.once('exit', restore);
+  const lab = await Lab.up({ requestLog: false }); // nothing here reads lab.served
+  try {
+    fs.writeFileSync(STATS_SYSCTL, '1');
+    await runIn(lab.clientNetns, ['sysctl', '-qw', 'net.ipv4.tcp_tw_reuse=1', 'net.ipv4.ip_local_port_range=1024 65000', 'net.ipv4.tcp_timestamps=2']);
+    for (let r = 0; r < rounds; r++) {
+      for (const t of trees) {
+        const existing = programIds();
+        const p = await t.Pipeline.start({ services: [parseServiceSpec('10.96.0.100:80')], netns: [lab.nodeNetns], kubeconfig: false });
+        try {
+          const ids = new Set([...programIds()].filter((id) => !existing.has(id)));
+          await sleep(300);
+          const a = ourPrograms(ids);
+          const out = await runIn(lab.clientNetns, ['wrk', '-t1', '-c16', '-d3s', '-H', 'Connection: close', 'http://10.96.0.100/'], { timeoutMs: 40_000 });
+          const b = ourPrograms(ids);
+          const w = parseWrk(out.stdout);
+          if (!(w.requests > 0)) throw new Error(`wrk made no requests: ${out.stderr.trim() || out.stdout.trim()}`);
+          t.requests += w.requests;
+          for (const [name, after] of b) {
+            const s = t.progs.get(name) ?? { ns: 0, runs: 0 };
+            s.ns += after.ns - (a.get(name)?.ns ?? 0);
+            s.runs += after.runs - (a.get(name)?.runs ?? 0);
+            t.progs.set(name, s);
+          }
+        } finally {
+          await p.stop();
+        }
+        await lab.reapConntrack();
+      }
+    }
+  } finally {
+    restore();
+    process.removeListener('exit', restore);
+    await lab.down();
+  }
+  const names = [...new Set(trees.flatMap((t) => [...t.progs.keys()]))].sort();
+  const per = (t: (typeof trees)[number], name?: string) =>
+    fmt((name ? t.progs.get(name)?.ns ?? 0 : [...t.progs.values()].reduce((n, s) => n + s.ns, 0)) / t.requests);
+  console.log(`Kernel time per short connection, ns, tracing this service (${rounds} x 3 s each, taking turns)`);
+  console.log(table(['program', ...trees.map((t) => path.basename(t.root))], [...names.map((n) => [n, ...trees.map((t) => per(t, n))]), ['total', ...trees.map((t) => per(t))], ['connections', ...trees.map((t) => fmt(t.requests))]]));
+}
+
+if (require.main === module) {
+  const [otherRoot, roundsArg] = process.argv.slice(2);
+  if (!otherRoot) {
+    console.error('usage: node dist/bench/kernel-cost.js OTHER_CHECKOUT [ROUNDS]  (as root; OTHER_CHECKOUT: a built tree to compare this one with, side by side)');
+    process.exit(2);
+  }
+  compareTrees(otherRoot, Number(roundsArg) || 4).then(
+    () => process.exit(0),
+    (e) => {
+      console.error(`kernel-cost: ${e instanceof Error ? e.message : String(e)}`);
+      process.exit(1);
+    },
+  );
 }

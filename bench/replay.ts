@@ -141,7 +141,7 @@ export function replay(batches: Captured[], dropReasons: Record<string, string>,
 export async function benchReplay(opts: { quick: boolean }): Promise<object> {
   const seconds = opts.quick ? 3 : 6;
   const passes = opts.quick ? 3 : 7;
-  const lab = await Lab.up();
+  const lab = await Lab.up({ requestLog: false }); // nothing here reads lab.served
   // As in datapath.ts: ports in TIME_WAIT reused (lab client namespace only).
   await runIn(lab.clientNetns, ['sysctl', '-qw', 'net.ipv4.tcp_tw_reuse=1', 'net.ipv4.ip_local_port_range=1024 65000', 'net.ipv4.tcp_timestamps=2']);
   const results: Record<string, unknown> = {};

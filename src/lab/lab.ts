@@ -69,6 +69,14 @@ export interface LabOptions {
   remoteNode?: boolean;
   /** kube-proxy mode the rules are written in (default iptables, via iptables-nft; iptables-legacy for old nodes; ipvs needs a kernel with IPVS, ipvsadm and ipset). */
   proxyMode?: ProxyMode;
+  /**
+   * Pods log each request they serve, read into `served` (default true): the
+   * ground truth tests compare flows with. Benchmarks that do not read it
+   * turn it off: the lines are parsed in the process that also runs the
+   * pipeline under test (about 10 µs of its main thread per request), and
+   * `served` grows with every request.
+   */
+  requestLog?: boolean;
 }
 
 export const PROXY_MODES = ['iptables', 'nftables', 'iptables-legacy', 'ipvs'] as const;
@@ -168,12 +176,16 @@ export class Lab {
   readonly node2Netns: string;
   remotePod?: LabPod;
   services: KubeService[] = [];
+  /** Requests the pods served, from their logs (empty when the lab was made with requestLog: false). */
   readonly served: ServedRequest[] = [];
   private readonly servers = new Map<string, ChildProcess>();
   private readonly created: string[] = [];
   private torn = false;
 
-  private constructor(podCount: number) {
+  private constructor(
+    podCount: number,
+    private readonly requestLog: boolean,
+  ) {
     this.id = `${process.pid}-${crypto.randomBytes(3).toString('hex')}`;
     this.nodeNetns = `${LAB_PREFIX}${this.id}-node`;
     this.clientNetns = `${LAB_PREFIX}${this.id}-client`;
@@ -194,7 +206,7 @@ export class Lab {
       throw new SvctraceError('BAD_INPUT', 'lab pods must be 1..50');
     }
     cleanupStaleLabs();
-    const lab = new Lab(podCount);
+    const lab = new Lab(podCount, opts.requestLog ?? true);
     openLabs.add(lab);
     if (!exitHookInstalled) {
       exitHookInstalled = true;
@@ -358,7 +370,7 @@ export class Lab {
 
   private startServer(pod: LabPod): Promise<void> {
     const script = path.join(__dirname, 'pod-server.js');
-    const [cmd, ...args] = argvInNetns(pod.netns, [process.execPath, script, '--name', pod.name, '--port', String(POD_HTTP_PORT), '--udp-port', String(POD_UDP_PORT)]);
+    const [cmd, ...args] = argvInNetns(pod.netns, [process.execPath, script, '--name', pod.name, '--port', String(POD_HTTP_PORT), '--udp-port', String(POD_UDP_PORT), ...(this.requestLog ? [] : ['--no-request-log'])]);
     const child = spawn(cmd!, args, { stdio: ['pipe', 'pipe', 'inherit'] });
     this.servers.set(pod.name, child);
     pod.pid = child.pid;

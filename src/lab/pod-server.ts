@@ -4,7 +4,8 @@
  * JSON line on stdout: the ground truth tests compare traced flows with.
  * It exits when its stdin closes, so a crashed parent never leaves it behind.
  *
- * argv: --name NAME --port PORT [--udp-port PORT]
+ * argv: --name NAME --port PORT [--udp-port PORT] [--no-request-log]
+ * (--no-request-log: serve without logging requests, for benchmarks)
  */
 import http from 'node:http';
 import dgram from 'node:dgram';
@@ -17,6 +18,7 @@ function arg(name: string): string | undefined {
 const name = arg('name') ?? 'pod';
 const port = Number(arg('port') ?? 8080);
 const udpPort = arg('udp-port') ? Number(arg('udp-port')) : null;
+const requestLog = !process.argv.includes('--no-request-log');
 
 function log(obj: Record<string, unknown>): void {
   process.stdout.write(JSON.stringify({ pod: name, ...obj }) + '\n');
@@ -24,7 +26,7 @@ function log(obj: Record<string, unknown>): void {
 
 const server = http.createServer((req, res) => {
   const client = `${req.socket.remoteAddress}:${req.socket.remotePort}`;
-  log({ event: 'request', proto: 'tcp', client, path: req.url });
+  if (requestLog) log({ event: 'request', proto: 'tcp', client, path: req.url });
   res.setHeader('content-type', 'text/plain');
   // /big: an answer of several full-size packets (what a path MTU problem loses).
   res.end(`pod=${name} client=${client}\n${req.url === '/big' ? `${'x'.repeat(8000)}\n` : ''}`);
@@ -41,7 +43,7 @@ if (udpPort !== null) {
   const sock = dgram.createSocket('udp4');
   sock.on('message', (msg, rinfo) => {
     const client = `${rinfo.address}:${rinfo.port}`;
-    log({ event: 'request', proto: 'udp', client });
+    if (requestLog) log({ event: 'request', proto: 'udp', client });
     sock.send(`pod=${name} client=${client}\n`, rinfo.port, rinfo.address);
   });
   sock.bind(udpPort, '0.0.0.0', ready);
