@@ -51,58 +51,81 @@ type Conn = 'keepalive' | 'short';
 const CONNS: Conn[] = ['keepalive', 'short'];
 const MODES: Mode[] = ['traced', 'other'];
 
-export async function benchKernelCost(opts: { quick: boolean }): Promise<object> {
-  const seconds = opts.quick ? 4 : 8;
-  const rounds = opts.quick ? 1 : 3;
+/** What one or more wrk runs cost: requests, BPF time per program, user-space CPU per thread role. */
+interface Cost {
+  requests: number;
+  progs: Map<string, ProgRun>;
+  user: Map<string, number>;
+}
+
+const newCost = (): Cost => ({ requests: 0, progs: new Map(), user: new Map() });
+
+/**
+ * A lab with the kernel's BPF run-time counters on, for `body`. The counters'
+ * setting is restored however the run ends: the benchmark runner stops a
+ * child that runs out of time with SIGTERM and process.exit, which skips
+ * `finally`.
+ */
+async function withStatsLab<T>(body: (lab: Lab) => Promise<T>): Promise<T> {
   const before = fs.readFileSync(STATS_SYSCTL, 'utf8').trim();
-  const lab = await Lab.up({ requestLog: false }); // nothing here reads lab.served
-  const totals = Object.fromEntries(
-    CONNS.map((c) => [c, Object.fromEntries(MODES.map((m) => [m, { requests: 0, progs: new Map<string, ProgRun>(), user: new Map<string, number>() }]))]),
-  ) as Record<Conn, Record<Mode, { requests: number; progs: Map<string, ProgRun>; user: Map<string, number> }>>;
-  // Restored however the run ends: the benchmark runner stops a child that
-  // runs out of time with SIGTERM and process.exit, which skips `finally`.
   const restore = () => fs.writeFileSync(STATS_SYSCTL, before);
   process.once('exit', restore);
+  const lab = await Lab.up({ requestLog: false }); // nothing here reads lab.served
   try {
     fs.writeFileSync(STATS_SYSCTL, '1');
     // Short connections reuse ports in TIME_WAIT (see datapath.ts; lab client namespace only).
     await runIn(lab.clientNetns, ['sysctl', '-qw', 'net.ipv4.tcp_tw_reuse=1', 'net.ipv4.ip_local_port_range=1024 65000', 'net.ipv4.tcp_timestamps=2']);
-    for (let r = 0; r < rounds; r++) {
-      for (const conn of CONNS) for (const mode of MODES) {
-        const existing = programIds();
-        const p = await Pipeline.start({ services: [parseServiceSpec(mode === 'traced' ? '10.96.0.100:80' : '10.96.0.150:80')], netns: [lab.nodeNetns], kubeconfig: false });
-        try {
-          const ids = new Set([...programIds()].filter((id) => !existing.has(id)));
-          await sleep(300);
-          const a = ourPrograms(ids);
-          const cpuA = threadCpu();
-          const out = await runIn(lab.clientNetns, ['wrk', '-t1', '-c16', `-d${seconds}s`, ...(conn === 'short' ? ['-H', 'Connection: close'] : []), 'http://10.96.0.100/'], { timeoutMs: (seconds + 30) * 1000 });
-          const b = ourPrograms(ids);
-          // The pipeline's backlog at the end of the run is part of its cost.
-          await sleep(300);
-          const cpuB = threadCpu();
-          const w = parseWrk(out.stdout);
-          if (!(w.requests > 0)) throw new Error(`wrk made no requests (${mode}): ${out.stderr.trim() || out.stdout.trim()}`);
-          const total = totals[conn][mode];
-          total.requests += w.requests;
-          for (const [name, after] of b) {
-            const t = total.progs.get(name) ?? { ns: 0, runs: 0 };
-            t.ns += after.ns - (a.get(name)?.ns ?? 0);
-            t.runs += after.runs - (a.get(name)?.runs ?? 0);
-            total.progs.set(name, t);
-          }
-          for (const [role, s] of cpuBetween(cpuA, cpuB)) total.user.set(role, (total.user.get(role) ?? 0) + s);
-        } finally {
-          await p.stop();
-        }
-        await lab.reapConntrack();
-      }
-    }
+    return await body(lab);
   } finally {
     restore();
     process.removeListener('exit', restore);
     await lab.down();
   }
+}
+
+/**
+ * One wrk run to the web ClusterIP with a pipeline of `P` tracing `service`,
+ * its cost added into `into`: BPF time of the programs this pipeline loaded,
+ * and this process's threads' CPU (with 300 ms after the run: the
+ * pipeline's backlog is part of its cost).
+ */
+async function measureRun(lab: Lab, P: typeof Pipeline, service: string, conn: Conn, seconds: number, into: Cost): Promise<void> {
+  const existing = programIds();
+  const p = await P.start({ services: [parseServiceSpec(service)], netns: [lab.nodeNetns], kubeconfig: false });
+  try {
+    const ids = new Set([...programIds()].filter((id) => !existing.has(id)));
+    await sleep(300);
+    const a = ourPrograms(ids);
+    const cpuA = threadCpu();
+    const out = await runIn(lab.clientNetns, ['wrk', '-t1', '-c16', `-d${seconds}s`, ...(conn === 'short' ? ['-H', 'Connection: close'] : []), 'http://10.96.0.100/'], { timeoutMs: (seconds + 30) * 1000 });
+    const b = ourPrograms(ids);
+    await sleep(300);
+    const cpuB = threadCpu();
+    const w = parseWrk(out.stdout);
+    if (!(w.requests > 0)) throw new Error(`wrk made no requests (tracing ${service}): ${out.stderr.trim() || out.stdout.trim()}`);
+    into.requests += w.requests;
+    for (const [name, after] of b) {
+      const t = into.progs.get(name) ?? { ns: 0, runs: 0 };
+      t.ns += after.ns - (a.get(name)?.ns ?? 0);
+      t.runs += after.runs - (a.get(name)?.runs ?? 0);
+      into.progs.set(name, t);
+    }
+    for (const [role, s] of cpuBetween(cpuA, cpuB)) into.user.set(role, (into.user.get(role) ?? 0) + s);
+  } finally {
+    await p.stop();
+  }
+  await lab.reapConntrack();
+}
+
+export async function benchKernelCost(opts: { quick: boolean }): Promise<object> {
+  const seconds = opts.quick ? 4 : 8;
+  const rounds = opts.quick ? 1 : 3;
+  const totals = Object.fromEntries(CONNS.map((c) => [c, Object.fromEntries(MODES.map((m) => [m, newCost()]))])) as Record<Conn, Record<Mode, Cost>>;
+  await withStatsLab(async (lab) => {
+    for (let r = 0; r < rounds; r++) {
+      for (const conn of CONNS) for (const mode of MODES) await measureRun(lab, Pipeline, mode === 'traced' ? '10.96.0.100:80' : '10.96.0.150:80', conn, seconds, totals[conn][mode]);
+    }
+  });
   const result: Record<string, unknown> = { seconds, rounds };
   for (const conn of CONNS) for (const mode of MODES) {
     const t = totals[conn][mode];
@@ -143,45 +166,11 @@ export async function compareTrees(otherRoot: string, rounds: number): Promise<v
   const roots = [path.resolve(__dirname, '..', '..'), path.resolve(otherRoot)];
   const trees = roots.map((root) => {
     const { Pipeline: P } = require(path.join(root, 'dist/src/pipeline/pipeline.js')) as { Pipeline: typeof Pipeline };
-    return { root, Pipeline: P, requests: 0, progs: new Map<string, ProgRun>() };
+    return { root, Pipeline: P, ...newCost() };
   });
-  const before = fs.readFileSync(STATS_SYSCTL, 'utf8').trim();
-  const restore = () => fs.writeFileSync(STATS_SYSCTL, before);
-  process.once('exit', restore);
-  const lab = await Lab.up({ requestLog: false }); // nothing here reads lab.served
-  try {
-    fs.writeFileSync(STATS_SYSCTL, '1');
-    await runIn(lab.clientNetns, ['sysctl', '-qw', 'net.ipv4.tcp_tw_reuse=1', 'net.ipv4.ip_local_port_range=1024 65000', 'net.ipv4.tcp_timestamps=2']);
-    for (let r = 0; r < rounds; r++) {
-      for (const t of trees) {
-        const existing = programIds();
-        const p = await t.Pipeline.start({ services: [parseServiceSpec('10.96.0.100:80')], netns: [lab.nodeNetns], kubeconfig: false });
-        try {
-          const ids = new Set([...programIds()].filter((id) => !existing.has(id)));
-          await sleep(300);
-          const a = ourPrograms(ids);
-          const out = await runIn(lab.clientNetns, ['wrk', '-t1', '-c16', '-d3s', '-H', 'Connection: close', 'http://10.96.0.100/'], { timeoutMs: 40_000 });
-          const b = ourPrograms(ids);
-          const w = parseWrk(out.stdout);
-          if (!(w.requests > 0)) throw new Error(`wrk made no requests: ${out.stderr.trim() || out.stdout.trim()}`);
-          t.requests += w.requests;
-          for (const [name, after] of b) {
-            const s = t.progs.get(name) ?? { ns: 0, runs: 0 };
-            s.ns += after.ns - (a.get(name)?.ns ?? 0);
-            s.runs += after.runs - (a.get(name)?.runs ?? 0);
-            t.progs.set(name, s);
-          }
-        } finally {
-          await p.stop();
-        }
-        await lab.reapConntrack();
-      }
-    }
-  } finally {
-    restore();
-    process.removeListener('exit', restore);
-    await lab.down();
-  }
+  await withStatsLab(async (lab) => {
+    for (let r = 0; r < rounds; r++) for (const t of trees) await measureRun(lab, t.Pipeline, '10.96.0.100:80', 'short', 3, t);
+  });
   const names = [...new Set(trees.flatMap((t) => [...t.progs.keys()]))].sort();
   const per = (t: (typeof trees)[number], name?: string) =>
     fmt((name ? t.progs.get(name)?.ns ?? 0 : [...t.progs.values()].reduce((n, s) => n + s.ns, 0)) / t.requests);
