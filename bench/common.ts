@@ -24,6 +24,16 @@ export function writeResult(name: string, data: unknown): string {
   return file;
 }
 
+/**
+ * xs starting at its n-th element (modulo its length), wrapping around: the
+ * modes of a benchmark take turns going first from round to round, so the
+ * drift within a round (pods warming up, neighbours) is not given to the
+ * same mode every time.
+ */
+export function rotate<T>(xs: readonly T[], n: number): T[] {
+  return xs.map((_, i) => xs[(i + n) % xs.length]!);
+}
+
 export function sleep(ms: number): Promise<void> {
   return new Promise((r) => setTimeout(r, ms));
 }

@@ -18,7 +18,7 @@ import { runIn } from '../src/lab/exec';
 import { Pipeline } from '../src/pipeline/pipeline';
 import { parseServiceSpec } from '../src/net/ipv4';
 import { parseWrk } from './datapath';
-import { fmt, sleep, table, writeResult } from './common';
+import { fmt, rotate, sleep, table, writeResult } from './common';
 import { cpuBetween, threadCpu } from './thread-cpu';
 
 const STATS_SYSCTL = '/proc/sys/kernel/bpf_stats_enabled';
@@ -46,10 +46,12 @@ function programIds(): Set<number> {
   return new Set(progs.filter((p) => p.name?.startsWith('svt_')).map((p) => p.id));
 }
 
-type Mode = 'traced' | 'other';
+/** traced: this service at the default detail budget; tracedAll: every flow in detail (--detail-rate all); other: another service. */
+type Mode = 'traced' | 'tracedAll' | 'other';
 type Conn = 'keepalive' | 'short';
 const CONNS: Conn[] = ['keepalive', 'short'];
-const MODES: Mode[] = ['traced', 'other'];
+const MODES: Mode[] = ['traced', 'tracedAll', 'other'];
+const MODE_LABELS: Record<Mode, string> = { traced: 'tracing this service', tracedAll: 'tracing this service, --detail-rate all', other: 'tracing another service' };
 
 /** What one or more wrk runs cost: requests, BPF time per program, user-space CPU per thread role. */
 interface Cost {
@@ -89,9 +91,9 @@ async function withStatsLab<T>(body: (lab: Lab) => Promise<T>): Promise<T> {
  * and this process's threads' CPU (with 300 ms after the run: the
  * pipeline's backlog is part of its cost).
  */
-async function measureRun(lab: Lab, P: typeof Pipeline, service: string, conn: Conn, seconds: number, into: Cost): Promise<void> {
+async function measureRun(lab: Lab, P: typeof Pipeline, service: string, conn: Conn, seconds: number, into: Cost, detailRate?: number): Promise<void> {
   const existing = programIds();
-  const p = await P.start({ services: [parseServiceSpec(service)], netns: [lab.nodeNetns], kubeconfig: false });
+  const p = await P.start({ services: [parseServiceSpec(service)], netns: [lab.nodeNetns], kubeconfig: false, detailRate });
   try {
     const ids = new Set([...programIds()].filter((id) => !existing.has(id)));
     await sleep(300);
@@ -123,7 +125,7 @@ export async function benchKernelCost(opts: { quick: boolean }): Promise<object>
   const totals = Object.fromEntries(CONNS.map((c) => [c, Object.fromEntries(MODES.map((m) => [m, newCost()]))])) as Record<Conn, Record<Mode, Cost>>;
   await withStatsLab(async (lab) => {
     for (let r = 0; r < rounds; r++) {
-      for (const conn of CONNS) for (const mode of MODES) await measureRun(lab, Pipeline, mode === 'traced' ? '10.96.0.100:80' : '10.96.0.150:80', conn, seconds, totals[conn][mode]);
+      for (const conn of CONNS) for (const mode of rotate(MODES, r)) await measureRun(lab, Pipeline, mode === 'other' ? '10.96.0.150:80' : '10.96.0.100:80', conn, seconds, totals[conn][mode], mode === 'tracedAll' ? 0 : undefined);
     }
   });
   const result: Record<string, unknown> = { seconds, rounds };
@@ -139,7 +141,7 @@ export async function benchKernelCost(opts: { quick: boolean }): Promise<object>
     }
     rows.push(['total', runsPerReq.toFixed(2), '', fmt(nsPerReq)]);
     const what = conn === 'short' ? 'short connection (one request each)' : 'keep-alive request';
-    console.log(`\nKernel time per ${what}, ${mode === 'traced' ? 'tracing this service' : 'tracing another service'} (bpf_stats, wrk -c16, ${rounds} x ${seconds} s, ${fmt(t.requests)} requests)`);
+    console.log(`\nKernel time per ${what}, ${MODE_LABELS[mode]} (bpf_stats, wrk -c16, ${rounds} x ${seconds} s, ${fmt(t.requests)} requests)`);
     console.log(table(['program', 'runs/request', 'ns/run', 'ns/request'], rows));
     // The same runs' user-space CPU, by thread (10 ms ticks: a role under
     // a few ticks per run reads as noise).
@@ -169,12 +171,12 @@ export async function compareTrees(otherRoot: string, rounds: number): Promise<v
     return { root, Pipeline: P, ...newCost() };
   });
   await withStatsLab(async (lab) => {
-    for (let r = 0; r < rounds; r++) for (const t of trees) await measureRun(lab, t.Pipeline, '10.96.0.100:80', 'short', 3, t);
+    for (let r = 0; r < rounds; r++) for (const t of trees) await measureRun(lab, t.Pipeline, '10.96.0.100:80', 'short', 3, t, 0);
   });
   const names = [...new Set(trees.flatMap((t) => [...t.progs.keys()]))].sort();
   const per = (t: (typeof trees)[number], name?: string) =>
     fmt((name ? t.progs.get(name)?.ns ?? 0 : [...t.progs.values()].reduce((n, s) => n + s.ns, 0)) / t.requests);
-  console.log(`Kernel time per short connection, ns, tracing this service (${rounds} x 3 s each, taking turns)`);
+  console.log(`Kernel time per short connection, ns, tracing this service with every flow in detail (${rounds} x 3 s each, taking turns)`);
   console.log(table(['program', ...trees.map((t) => path.basename(t.root))], [...names.map((n) => [n, ...trees.map((t) => per(t, n))]), ['total', ...trees.map((t) => per(t))], ['connections', ...trees.map((t) => fmt(t.requests))]]));
 }
 

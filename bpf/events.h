@@ -163,7 +163,8 @@ struct svt_flow_ref {
 	__u64 ct_id;
 	__u32 service_id;
 	__u8 dir;  /* enum svt_dir of packets carrying this tuple */
-	__u8 _pad[3];
+	__u8 counted_only; /* the flow is over the detail budget: counted, its transitions not reported */
+	__u8 _pad[2];
 };
 SVT_STATIC_ASSERT(sizeof(struct svt_flow_ref) == 16, "svt_flow_ref ABI changed");
 
@@ -214,8 +215,17 @@ struct svt_flow_counters {
 	__u8 tcp_flags[2];       /* OR of the TCP flags seen, per direction */
 	__u8 last_tcp_state;     /* conntrack TCP state last reported */
 	__u8 delivered;          /* 1 once any record of this flow was written to the ring buffer */
+	/* The entry's reply tuple once NAT is decided (zero before): the
+	 * backend, and what it sees as the client, for a flow known by its
+	 * counters alone (counted only, or its events lost). */
+	struct svt_tuple reply;
+	/* 1: the flow started over the detail budget (targ_detail_per_cpu):
+	 * counted here, drops reported, its transitions not (see
+	 * detail_admit). */
+	__u8 counted_only;
+	__u8 _pad[7];
 };
-SVT_STATIC_ASSERT(sizeof(struct svt_flow_counters) == 104, "svt_flow_counters ABI changed");
+SVT_STATIC_ASSERT(sizeof(struct svt_flow_counters) == 128, "svt_flow_counters ABI changed");
 
 /* Why a svt_flow_stats record was written. */
 enum svt_stats_reason {
@@ -236,7 +246,7 @@ struct svt_flow_stats {
 	__u32 _pad;
 	struct svt_flow_counters c;
 };
-SVT_STATIC_ASSERT(sizeof(struct svt_flow_stats) == 136, "svt_flow_stats ABI changed");
+SVT_STATIC_ASSERT(sizeof(struct svt_flow_stats) == 160, "svt_flow_stats ABI changed");
 
 /* Conntrack status bits whose change is a transition worth an event:
  * EXPECTED, SEEN_REPLY, ASSURED, CONFIRMED, SRC_NAT, DST_NAT, DYING. */
@@ -261,7 +271,8 @@ enum svt_counter {
 	SVT_CNT_FLOWS_UNSEEN = 5, /* flows none of whose records fit the ring buffer, their final counters included */
 	SVT_CNT_FLOWS_UNSEEN_RESET = 6, /* ... of which a TCP reset ended (attempts, mostly) */
 	SVT_CNT_NAT_EXIT_UNMATCHED = 7, /* kprobe backend: NAT hook returns whose entry was lost (their after-NAT view) */
-	SVT_CNT_MAX = 8,
+	SVT_CNT_FLOWS_COUNTED_ONLY = 8, /* tracked flows started over the detail budget: counted, transitions not reported */
+	SVT_CNT_MAX = 9,
 };
 
 #endif /* SVCTRACE_EVENTS_H */

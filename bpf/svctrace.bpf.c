@@ -50,6 +50,54 @@ const volatile __u32 targ_all_packets = 0;
 /* Interval of the periodic svt_flow_stats records of an active flow. */
 const volatile __u64 targ_stats_interval_ns = SVT_STATS_INTERVAL_NS;
 
+/*
+ * The detail budget: new tracked flows per second and per CPU whose
+ * transitions are reported (0: every flow's). A flow started past it is
+ * counted only: its packets, bytes, TCP flags, NAT result and drops are
+ * kept and reported in its svt_flow_stats records, its hooks and device
+ * crossings are not. Each transition record costs the packet's path (and
+ * user space) far more than counting does: a busy Service's every new
+ * connection in detail cost it a quarter of its short-connection rate.
+ * Per CPU, so that deciding needs no atomic (5.10 has no fetch-and-add
+ * with a result) and no shared cache line: the loader divides the
+ * per-node rate by the CPUs.
+ */
+const volatile __u32 targ_detail_per_cpu = 0;
+
+struct detail_window {
+	__u64 start_ns; /* the current one-second window */
+	__u32 admitted; /* flows given detail in it */
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct detail_window);
+} svt_detail_budget SEC(".maps");
+
+/* Whether a flow starting now on this CPU gets its transitions reported. */
+static __always_inline bool detail_admit(__u64 now)
+{
+	__u32 zero = 0;
+	struct detail_window *w;
+
+	if (!targ_detail_per_cpu || targ_all_packets)
+		return true;
+	w = bpf_map_lookup_elem(&svt_detail_budget, &zero);
+	if (!w)
+		return true;
+	if (now - w->start_ns >= 1000000000ULL) {
+		w->start_ns = now;
+		w->admitted = 0;
+	}
+	if (w->admitted >= targ_detail_per_cpu)
+		return false;
+	w->admitted++;
+	return true;
+}
+
 /* Per-flow counters and reporting state, keyed by the nf_conn address. Not
  * LRU: a full map is counted (SVT_CNT_STATE_FULL), never silently evicted;
  * entries go when conntrack destroys the flow (the addon removes them), when
@@ -298,6 +346,7 @@ static __always_inline struct svt_flow_counters *flow_state_of(struct nf_conn *c
 	init.service_id = svc;
 	init.netns_ino = netns_ino;
 	init.last_tcp_state = 0xff; /* nothing reported yet */
+	init.counted_only = !detail_admit(now);
 	if (bpf_map_update_elem(&svt_flow_state, &key, &init, BPF_ANY)) {
 		svt_count(SVT_CNT_STATE_FULL);
 		return NULL;
@@ -320,9 +369,9 @@ static __always_inline __s32 nf_priority_of(__u8 hook, __u8 stage)
 	return stage == SVT_STAGE_BEFORE_NAT ? nat - svt_prio_gap : nat + svt_prio_gap;
 }
 
-static __always_inline void flow_ref_put(struct svt_tuple *t, __u64 ct_id, __u32 svc, __u8 dir)
+static __always_inline void flow_ref_put(struct svt_tuple *t, __u64 ct_id, __u32 svc, __u8 dir, __u8 counted_only)
 {
-	struct svt_flow_ref ref = { .ct_id = ct_id, .service_id = svc, .dir = dir };
+	struct svt_flow_ref ref = { .ct_id = ct_id, .service_id = svc, .dir = dir, .counted_only = counted_only };
 
 	bpf_map_update_elem(&svt_flows, t, &ref, BPF_ANY);
 }
@@ -339,17 +388,18 @@ static __always_inline void reverse_tuple(struct svt_tuple *dst, const struct sv
 /* The flow's four wire tuples: before/after NAT, in both directions. Done
  * whether or not the first packet's event fit in the ring: the flow's end
  * (and its final counters) are found through these. */
-static __always_inline void register_flow(__u64 ct_id, __u32 svc, const struct svt_tuple *orig, const struct svt_tuple *reply)
+static __always_inline void register_flow(__u64 ct_id, __u32 svc, const struct svt_tuple *orig, const struct svt_tuple *reply,
+					  __u8 counted_only)
 {
 	struct svt_tuple t = {};
 
 	__sync_fetch_and_add(&svt_active_flows, 1);
-	flow_ref_put((struct svt_tuple *)orig, ct_id, svc, SVT_DIR_ORIGINAL);
-	flow_ref_put((struct svt_tuple *)reply, ct_id, svc, SVT_DIR_REPLY);
+	flow_ref_put((struct svt_tuple *)orig, ct_id, svc, SVT_DIR_ORIGINAL, counted_only);
+	flow_ref_put((struct svt_tuple *)reply, ct_id, svc, SVT_DIR_REPLY, counted_only);
 	reverse_tuple(&t, orig);
-	flow_ref_put(&t, ct_id, svc, SVT_DIR_REPLY);
+	flow_ref_put(&t, ct_id, svc, SVT_DIR_REPLY, counted_only);
 	reverse_tuple(&t, reply);
-	flow_ref_put(&t, ct_id, svc, SVT_DIR_ORIGINAL);
+	flow_ref_put(&t, ct_id, svc, SVT_DIR_ORIGINAL, counted_only);
 }
 
 static __always_inline void stash_for_fib(struct svt_event *e)
@@ -592,15 +642,23 @@ static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_
 		/* no state to remember it by (map full): report the first packet anyway */
 		emit = first_here = true;
 	}
-	remember_packet(cv, h,
-			st && (status & IPS_CONFIRMED) && !(facts.tcp_flags & TCP_RST) && facts.proto != IPPROTO_ICMP ?
-				st->seen & 0xfffff : 0);
 	/* SYN retries (the client waiting on an answer) at the counting point;
 	 * resets and ICMP errors about the flow everywhere. */
 	if ((facts.tcp_flags & TCP_SYN) && counting)
 		emit = true;
 	if ((facts.tcp_flags & TCP_RST) || facts.proto == IPPROTO_ICMP)
 		emit = true;
+	if (st && st->counted_only && !targ_all_packets) {
+		/* Over the detail budget: counted above, its NAT result kept
+		 * below, nothing reported; once confirmed, the hooks after this
+		 * one return at once for its packets (all bits "seen"). */
+		emit = false;
+		remember_packet(cv, h, (status & IPS_CONFIRMED) ? 0xfffff : 0);
+	} else {
+		remember_packet(cv, h,
+				st && (status & IPS_CONFIRMED) && !(facts.tcp_flags & TCP_RST) && facts.proto != IPPROTO_ICMP ?
+					st->seen & 0xfffff : 0);
+	}
 
 	/* First packet, NAT fully decided (SNAT hooks run last): remember the
 	 * flow's wire tuples. Confirmation happens after these hooks. */
@@ -608,8 +666,21 @@ static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_
 		(hook == NF_INET_POST_ROUTING || hook == NF_INET_LOCAL_IN);
 
 	if (first) {
-		register_flow((__u64)ct, svc, &orig, &reply);
+		register_flow((__u64)ct, svc, &orig, &reply, st ? st->counted_only : 0);
 		svt_count(SVT_CNT_FLOWS);
+		if (st) {
+			/* NAT is decided: the backend, and what it sees as the
+			 * client, go with the counters (a flow known by them alone
+			 * still shows where it went). */
+			st->reply = reply;
+			/* A counted-only flow's first record, so that user space
+			 * knows it from its start, its backend with it. */
+			if (st->counted_only) {
+				svt_count(SVT_CNT_FLOWS_COUNTED_ONLY);
+				if (emit_flow_stats((__u64)ct, st, SVT_STATS_PERIODIC))
+					st->delivered = 1;
+			}
+		}
 	}
 	if (emit) {
 		e = svt_reserve(SVT_EV_NF);
@@ -857,7 +928,7 @@ static __always_inline int observe_dev(struct sk_buff *skb, __u16 kind)
 	if (!targ_all_packets && facts.proto == IPPROTO_TCP && !(facts.tcp_flags & (TCP_SYN | TCP_RST)))
 		return 0;
 	ref = flow_of_packet(nh, &t);
-	if (!ref)
+	if (!ref || (ref->counted_only && !targ_all_packets))
 		return 0;
 	if (!targ_all_packets && facts.proto != IPPROTO_TCP) {
 		key = ref->ct_id;

@@ -105,6 +105,8 @@ Napi::Value Layout(const Napi::CallbackInfo& info) {
   SVT_FIELD(fc, svt_flow_counters, tcp_flags);
   SVT_FIELD(fc, svt_flow_counters, last_tcp_state);
   SVT_FIELD(fc, svt_flow_counters, delivered);
+  SVT_FIELD(fc, svt_flow_counters, reply);
+  SVT_FIELD(fc, svt_flow_counters, counted_only);
   out.Set("svt_flow_counters", StructLayout(env, sizeof(svt_flow_counters), fc));
 
   Napi::Object fs = Napi::Object::New(env);

@@ -93,7 +93,10 @@ static std::array<bpf_program*, 8> KprobePrograms(svctrace_bpf* s) {
 // from the kernel probes: src/tracer/backend.ts);
 // snaplen = bytes of each packet to capture (0 = off); ringBufferBytes = size
 // of the kernel ring buffer (a power of two, >= the page size);
-// statsIntervalMs = interval of the periodic per-flow counter records.
+// statsIntervalMs = interval of the periodic per-flow counter records;
+// detailRate = new flows per second whose transitions are reported, the rest
+// counted only (0, the default here: every flow; the CLI's default is
+// DEFAULT_DETAIL_RATE in src/events/layout.ts).
 Tracer::Tracer(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Tracer>(info), env_(info.Env()) {
   Napi::Env env = info.Env();
   Napi::Object opts = info.Length() > 0 && info[0].IsObject() ? info[0].As<Napi::Object>() : Napi::Object::New(env);
@@ -115,6 +118,9 @@ Tracer::Tracer(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Tracer>(info),
   double interval_ms = number("statsIntervalMs", SVT_STATS_INTERVAL_NS / 1e6);
   if (!(interval_ms >= 10 && interval_ms <= 3600e3))
     throw Napi::RangeError::New(env, "statsIntervalMs must be 10..3600000");
+  double detail_rate = number("detailRate", 0);
+  if (!(detail_rate >= 0 && detail_rate <= 1e9) || detail_rate != (uint32_t)detail_rate)
+    throw Napi::RangeError::New(env, "detailRate must be a whole number of flows per second, 0..1000000000");
   bool bench = opts.Get("benchSource").ToBoolean();
   bool all_packets = opts.Get("allPackets").ToBoolean();
   Napi::Value backend = opts.Get("backend");
@@ -131,6 +137,14 @@ Tracer::Tracer(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Tracer>(info),
   skel_->rodata->targ_snaplen = (uint32_t)snaplen;
   skel_->rodata->targ_all_packets = all_packets ? 1 : 0;
   skel_->rodata->targ_stats_interval_ns = (uint64_t)(interval_ms * 1e6);
+  // The kernel keeps the budget per CPU (no shared counter in the packet
+  // path): each CPU gets its share, rounded up, so the node's is at least
+  // the rate asked for.
+  if (detail_rate > 0) {
+    int cpus = libbpf_num_possible_cpus();
+    if (cpus < 1) cpus = 1;
+    skel_->rodata->targ_detail_per_cpu = (uint32_t)(((uint64_t)detail_rate + cpus - 1) / cpus);
+  }
   int err = bpf_map__set_max_entries(skel_->maps.svt_events, (uint32_t)ring_bytes);
   if (err) {
     svctrace_bpf__destroy(skel_);
@@ -376,6 +390,7 @@ Napi::Value Tracer::Stats(const Napi::CallbackInfo& info) {
   out.Set("flowsUnseen", Napi::Number::New(env, (double)sums[SVT_CNT_FLOWS_UNSEEN]));
   out.Set("flowsUnseenReset", Napi::Number::New(env, (double)sums[SVT_CNT_FLOWS_UNSEEN_RESET]));
   out.Set("natExitUnmatched", Napi::Number::New(env, (double)sums[SVT_CNT_NAT_EXIT_UNMATCHED]));
+  out.Set("flowsCountedOnly", Napi::Number::New(env, (double)sums[SVT_CNT_FLOWS_COUNTED_ONLY]));
   out.Set("packetsCounted", Napi::Number::New(env, (double)sums[SVT_CNT_PACKETS]));
   out.Set("ringBufferBytes", Napi::Number::New(env, (double)ring_bytes_));
   out.Set("recordsRead", Napi::Number::New(env, reader_ ? (double)reader_->records_read() : 0));

@@ -2,7 +2,7 @@
 import fs from 'node:fs';
 import { Command } from 'commander';
 import { SvctraceError } from '../errors';
-import { DEFAULT_RING_BUFFER_BYTES, DEFAULT_STATS_INTERVAL_MS } from '../events/layout';
+import { DEFAULT_DETAIL_RATE, DEFAULT_RING_BUFFER_BYTES, DEFAULT_STATS_INTERVAL_MS } from '../events/layout';
 import { parseNodePortSpec, parseServiceSpec, ServiceSpec } from '../net/ipv4';
 import { discover } from '../discovery/discover';
 import { DiscoveredService, findByName, readersMissingText, tracedAddressesOf } from '../discovery/model';
@@ -31,6 +31,7 @@ export interface SelectionOptions {
   backend?: string;
   ringBuffer?: string;
   statsInterval?: string;
+  detailRate?: string;
 }
 
 /** --service / --nodeport / --netns, as every tracing command takes them. */
@@ -44,7 +45,12 @@ export function addSelectionOptions(cmd: Command): Command {
     .option('--backend <auto|netfilter|fentry|kprobe>', 'how the kernel side attaches: netfilter links (Linux >= 6.4), fentry/fexit on NAT\'s hook functions (older kernels with module BTF), or kprobes on them (5.10); auto picks the best this kernel offers (default: $SVCTRACE_BACKEND, else auto)')
     .option('--all-packets', 'an event for every packet at every hook, for evidence (default: the transitions — first packet at each hook and device, NAT, conntrack state changes, SYN/RST, drops, routes — with packets and bytes counted in the kernel)')
     .option('--ring-buffer <MiB>', 'kernel ring buffer size, a power of two (the one buffer while svctrace is behind; what does not fit is counted as lost)', String(DEFAULT_RING_BUFFER_BYTES / 2 ** 20))
-    .option('--stats-interval <ms>', 'how often each active flow\'s packet and byte counters are reported', String(DEFAULT_STATS_INTERVAL_MS));
+    .option('--stats-interval <ms>', 'how often each active flow\'s packet and byte counters are reported', String(DEFAULT_STATS_INTERVAL_MS))
+    .option(
+      '--detail-rate <flows/s|all>',
+      'new flows per second whose transitions are reported; past it a flow is counted only (packets, bytes, TCP flags, backend, drops: every flow is still shown), which keeps tracing a busy Service cheap. "all" (or 0): every flow in detail; --all-packets implies it',
+      String(DEFAULT_DETAIL_RATE),
+    );
 }
 
 /** IP:port specs parse directly; `ns/name[:port]` and --all-services resolve through the node's kube-proxy rules. */
@@ -111,6 +117,7 @@ export function selectionOf(opts: SelectionOptions, services: ServiceSpec[]): Pi
     attachBackend: opts.backend === undefined ? undefined : parseBackend(opts.backend),
     ringBufferBytes: parseRingBuffer(opts.ringBuffer),
     statsIntervalMs: parseStatsInterval(opts.statsInterval),
+    detailRate: parseDetailRate(opts.detailRate),
     onWarning: warn,
   };
 }
@@ -131,4 +138,15 @@ export function parseStatsInterval(v: string | undefined): number | undefined {
   const ms = Number(v);
   if (!Number.isFinite(ms) || ms < 10 || ms > 3_600_000) throw new SvctraceError('BAD_INPUT', `--stats-interval '${v}' must be a number of milliseconds, 10..3600000`);
   return ms;
+}
+
+/** --detail-rate flows/s: a whole number 0..1,000,000, or "all" (0: every flow in detail). */
+export function parseDetailRate(v: string | undefined): number | undefined {
+  if (v === undefined) return undefined;
+  if (v === 'all') return 0;
+  const n = Number(v);
+  if (v.trim() === '' || !Number.isInteger(n) || n < 0 || n > 1_000_000) {
+    throw new SvctraceError('BAD_INPUT', `--detail-rate '${v}' must be a whole number of new flows per second, 0..1000000, or 'all'`);
+  }
+  return n;
 }

@@ -27,6 +27,8 @@ export interface FlowView {
   closed: boolean;
   reset: boolean;
   drops: string[];
+  /** Over the detail budget: known by its counters, no hook or device events. */
+  countedOnly: boolean;
   packets: [number, number];
   bytes: [number, number];
   firstTsNs: bigint;
@@ -108,6 +110,7 @@ export class Store {
         closed: false,
         reset: false,
         drops: [],
+        countedOnly: false,
         packets: [0, 0],
         bytes: [0, 0],
         firstTsNs: ts(e?.tsNs),
@@ -159,6 +162,9 @@ export class Store {
       if (c) {
         f.packets = [Number(c.packetsOriginal ?? 0), Number(c.packetsReply ?? 0)];
         f.bytes = [Number(c.bytesOriginal ?? 0), Number(c.bytesReply ?? 0)];
+        if (c.countedOnly) f.countedOnly = true;
+        // A counted-only flow's events are its counters: their packet is its original tuple.
+        if (!f.client && e.packet?.src) f.client = `${e.packet.src}:${e.packet.srcPort}`;
       }
       if (!f.client && e.conntrack?.original?.src) f.client = `${e.conntrack.original.src}:${e.conntrack.original.srcPort}`;
       if (e.conntrack?.reply?.dst && ((e.conntrack.status ?? 0) & IPS_DST_NAT) !== 0) f.seenByBackend = `${e.conntrack.reply.dst}:${e.conntrack.reply.dstPort}`;
@@ -185,6 +191,7 @@ export class Store {
       f.state = u.state || f.state;
       f.closed = !!u.closed || f.closed;
       f.reset = !!u.reset || f.reset;
+      f.countedOnly = !!u.countedOnly || f.countedOnly;
       const first = ts(u.firstTsNs);
       const last = ts(u.lastTsNs);
       if (first && (!f.firstTsNs || first < f.firstTsNs)) f.firstTsNs = first;

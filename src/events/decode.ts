@@ -88,6 +88,12 @@ export interface FlowStatsRecord {
   delivered: boolean;
   /** KernelEvent.ctBirth of this entry, from firstNs. */
   ctBirth: number;
+  /** The entry's reply tuple once its NAT was decided (proto 0 before): the backend, and what it sees as the client. */
+  reply: Tuple;
+  /** The flow started over the detail budget (--detail-rate): counted in the kernel, its transitions not reported. */
+  countedOnly: boolean;
+  /** Conntrack's TCP state when the kernel last saw one of its packets (enum tcp_conntrack; 0xff: none yet). */
+  tcpState: number;
 }
 
 /** A decoded batch: the events, and the flows' counter records, each in kernel order. */
@@ -268,6 +274,9 @@ function decodeStatsAt(dv: DataView, b: Uint8Array, o: number): FlowStatsRecord 
     tcpFlags: [dv.getUint8(c + C.tcp_flags[0]), dv.getUint8(c + C.tcp_flags[0] + 1)],
     delivered: dv.getUint8(c + C.delivered[0]) !== 0,
     ctBirth: ctBirthOf(firstNs),
+    reply: readTuple(dv, b, c + C.reply[0]),
+    countedOnly: dv.getUint8(c + C.counted_only[0]) !== 0,
+    tcpState: dv.getUint8(c + C.last_tcp_state[0]),
   };
 }
 

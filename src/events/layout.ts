@@ -68,7 +68,7 @@ export const NFTRACE = {
 
 /** struct svt_flow_counters: a flow's in-kernel counters (bpf/events.h). */
 export const FLOW_COUNTERS = {
-  size: 104,
+  size: 128,
   fields: {
     packets: [0, 16],
     bytes: [16, 16],
@@ -85,12 +85,14 @@ export const FLOW_COUNTERS = {
     tcp_flags: [100, 2],
     last_tcp_state: [102, 1],
     delivered: [103, 1],
+    reply: [104, 16],
+    counted_only: [120, 1],
   },
 } as const;
 
 /** struct svt_flow_stats: the ring-buffer record carrying a flow's counters. */
 export const FLOW_STATS = {
-  size: 136,
+  size: 160,
   fields: {
     kind: [0, 2],
     size: [2, 2],
@@ -98,7 +100,7 @@ export const FLOW_STATS = {
     ts_ns: [8, 8],
     ct_id: [16, 8],
     reason: [24, 4],
-    c: [32, 104],
+    c: [32, 128],
   },
 } as const;
 
@@ -111,6 +113,16 @@ export const Channel = { RING: 0, NETLINK: 1 } as const;
 /** Defaults the loader uses (SVT_RINGBUF_BYTES, SVT_STATS_INTERVAL_NS). */
 export const DEFAULT_RING_BUFFER_BYTES = 16 * 1024 * 1024;
 export const DEFAULT_STATS_INTERVAL_MS = 1000;
+
+/**
+ * New flows per second whose transitions are reported by default
+ * (--detail-rate); flows past it are counted only — packets, bytes, TCP
+ * flags, backend and drops, every one of them. Each detailed short
+ * connection costs svctrace about 100 us of CPU (docs/performance.md):
+ * this many are about a tenth of a core, and more than a person can read.
+ * The loader (addon) itself defaults to 0: every flow.
+ */
+export const DEFAULT_DETAIL_RATE = 1000;
 
 /** Most packet bytes a record carries (SVT_MAX_SNAPLEN); with capture on every record is EVENT_CAP_SIZE long. */
 export const MAX_SNAPLEN = 128;

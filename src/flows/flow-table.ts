@@ -12,11 +12,11 @@
 import { svctrace } from '../gen/svctrace';
 import { FlowStatsRecord, KernelEvent, RuleTrace, Tuple } from '../events/decode';
 import { Dir, EventKind, StatsReason } from '../events/layout';
-import { destTranslated, IPS_CONFIRMED, IPS_DST_NAT, IPS_SRC_NAT } from '../events/conntrack';
+import { destTranslated, IPS_CONFIRMED, IPS_DST_NAT, IPS_SEEN_REPLY, IPS_SRC_NAT } from '../events/conntrack';
 import { wallNs } from '../clock';
 import { TCP_CT_STATES } from '../events/conntrack';
 import { EventContext, longFromBigint, protoTuple } from './to-proto';
-import { KernelIngested } from './ingested';
+import { KernelIngested, StatsIngested } from './ingested';
 import { BENIGN_DROPS, Classification, classifyEvent, inferredRulePathSummary, MARKER_TABLE_PREFIX, rulePathOf, tcpStateLeft } from './classify';
 import { serviceLabelById } from './service-ids';
 import { endpoint, flat, internKey, sameTuple, tupleKey } from './tuple';
@@ -38,7 +38,7 @@ export class FlowTable implements FlowTableView {
   /** deliveredThrough, read at most once per ingested batch. */
   private deliveredThroughNow?: bigint;
   private readonly dropReasons: Record<string, string>;
-  private readonly summaryCounters: FlowSummary = { flows: 0, closed: 0, perBackend: {}, dropsByReason: {}, dropFlowsByReason: {}, resets: 0, evicted: 0 };
+  private readonly summaryCounters: FlowSummary = { flows: 0, closed: 0, perBackend: {}, dropsByReason: {}, dropFlowsByReason: {}, resets: 0, evicted: 0, countedOnly: 0 };
   /** Rule traces that were waiting for a flow, emitted right after its first event. */
   private readonly deferred: Ingested[] = [];
   /** Flows of entries older than the one at their address, made from their late records (see olderEntryFlow). */
@@ -142,6 +142,14 @@ export class FlowTable implements FlowTableView {
       f = this.newFlow(key, { netnsIno: r.netnsIno, serviceId: r.serviceId, tsNs: r.firstNs, kind: EventKind.NF, ctReply: r.orig, ctId: r.ctId, ctBirth: r.ctBirth }, r.orig, !detached);
     }
     f.ctBirth = r.ctBirth;
+    if (r.countedOnly && !f.countedOnly) {
+      f.countedOnly = true;
+      this.summaryCounters.countedOnly++;
+    }
+    // A flow no hook event told about (counted only, or its events lost):
+    // its NAT result comes with its counters; and so do its resets.
+    if (f.status === 0 && r.reply.proto) this.natFromCounters(f, r.reply);
+    if (f.countedOnly) this.stateFromCounters(f, r);
     f.packets = [r.packets[0], r.packets[1]];
     f.bytes = [r.bytes[0], r.bytes[1]];
     f.kernelDrops = r.drops;
@@ -158,26 +166,9 @@ export class FlowTable implements FlowTableView {
     }
     if (detached) this.retired.push(f); // to the sinks as ended, never in the table
     const entry: TimelineEntry = { tsNs: r.tsNs, stage: Stage.STAGE_UNSPECIFIED, milestone: false };
-    const event: pb.IEvent = {
-      tsNs: longFromBigint(wallNs(r.tsNs)),
-      kind: pb.EventKind.EVENT_KIND_FLOW_STATS,
-      flowId: f.id,
-      service: f.service,
-      direction: pb.Direction.DIRECTION_ORIGINAL,
-      packet: protoTuple(f.orig),
-      conntrack: { id: f.ctId },
-      counters: {
-        packetsOriginal: r.packets[0],
-        bytesOriginal: r.bytes[0],
-        packetsReply: r.packets[1],
-        bytesReply: r.bytes[1],
-        drops: r.drops,
-        final,
-        reason: STATS_REASON_NAMES[r.reason] ?? String(r.reason),
-      },
-    };
-    if (f.backend) event.backend = f.backend;
-    return { flow: f, event, entry };
+    // Its wire event is made only if a sink reads it: a counted-only flow
+    // is its counter records, and most are only modelled or streamed.
+    return new StatsIngested(f, entry, r, f.backend, STATS_REASON_NAMES[r.reason] ?? String(r.reason));
   }
 
   /**
@@ -227,6 +218,7 @@ export class FlowTable implements FlowTableView {
       icmpErrors: [],
       rulePath: [],
       seen: [],
+      countedOnly: false,
       // The optional fields too, from the start: every flow then has one
       // shape, and the model's and the encoder's reads of flows stay fast
       // (flows that gained fields in different orders had a dozen shapes).
@@ -556,14 +548,55 @@ export class FlowTable implements FlowTableView {
     }
   }
 
+  /**
+   * What a counted-only flow's hooks would have told, from its counters:
+   * answered (a packet came back: conntrack's SEEN_REPLY, which the
+   * diagnoses read), reset, and refused (the backend's reset came with no
+   * SYN-ACK before it).
+   */
+  private stateFromCounters(f: Flow, r: FlowStatsRecord): void {
+    if (r.packets[1] > 0) f.status |= IPS_SEEN_REPLY;
+    // Its TCP state as of its last packet: a connection in TIME_WAIT or
+    // CLOSE is over and leaves the table after the grace period, as a
+    // detailed one does (its entry may live on for two minutes).
+    if (f.proto === 6 && r.tcpState !== 0xff && r.tcpState !== 0) f.tcpState = r.tcpState;
+    if (f.proto === 6 && (f.tcpState === TCP_TIME_WAIT || f.tcpState === TCP_CLOSE) && !f.closed) {
+      f.closed = true;
+      f.closedTsNs = r.tsNs;
+      this.summaryCounters.closed++;
+    }
+    if ((r.tcpFlags[0] | r.tcpFlags[1]) & TCP_RST && !f.reset) {
+      f.reset = true;
+      this.summaryCounters.resets++;
+      if (r.tcpFlags[1] & TCP_RST) {
+        f.backendReset = true;
+        if (!(r.tcpFlags[1] & TCP_SYN)) f.backendRefused = true;
+      }
+    }
+  }
+
+  /** The NAT result of a flow from its counters' reply tuple (no conntrack status with it: judged from the tuples). */
+  private natFromCounters(f: Flow, reply: Tuple): void {
+    f.reply = reply;
+    f.masqueraded = reply.daddr !== f.orig.saddr || reply.dport !== f.orig.sport;
+    this.setBackend(f, destTranslated(0, f.orig, reply), reply);
+  }
+
   private updateConntrack(f: Flow, e: KernelEvent): void {
     f.status = e.ctStatus;
     f.reply = e.ctReply;
     if (e.ctOrig.proto === 6) f.tcpState = e.ctTcpState;
     if (!f.nodeNetnsIno) f.nodeNetnsIno = e.netnsIno;
-    const wasDnat = f.dnat;
-    f.dnat = destTranslated(e.ctStatus, e.ctOrig, e.ctReply);
     f.masqueraded = (e.ctStatus & IPS_SRC_NAT) !== 0;
+    this.setBackend(f, destTranslated(e.ctStatus, e.ctOrig, e.ctReply), e.ctReply);
+    // Packets and bytes are counted in the kernel (applyStats), not here:
+    // established packets do not reach user space one by one.
+  }
+
+  /** The flow's DNAT verdict and backend, from its current reply tuple `r`. */
+  private setBackend(f: Flow, dnat: boolean, r: Tuple): void {
+    const wasDnat = f.dnat;
+    f.dnat = dnat;
     // The backend's text is made when DNAT is first seen, or when the reply
     // tuple under the same flow changed (a new entry at the same address
     // whose first events were lost), not per event.
@@ -572,7 +605,6 @@ export class FlowTable implements FlowTableView {
       f.backend = f.backendOf = undefined;
     } else {
       const was = f.backendOf;
-      const r = e.ctReply;
       if (!f.backend || !was || was.saddr !== r.saddr || was.sport !== r.sport) f.backend = flat(endpoint(r.saddr, r.sport));
       // What the backend receives (the reply tuple, reversed) changes with
       // SNAT too, after DNAT: indexed again whenever any of it changes.
@@ -580,8 +612,6 @@ export class FlowTable implements FlowTableView {
       f.backendOf = r;
       if (!wasDnat) this.summaryCounters.perBackend[f.backend] = (this.summaryCounters.perBackend[f.backend] ?? 0) + 1;
     }
-    // Packets and bytes are counted in the kernel (applyStats), not here:
-    // established packets do not reach user space one by one.
   }
 
   /** Removes flows closed longer than the grace period or idle too long; returns them. */
@@ -641,6 +671,9 @@ const PENDING_TRACE_DELIVERED_NS = 1_000_000_000n;
 
 /** enum tcp_conntrack (events/conntrack TCP_CT_STATES). */
 const TCP_SYN_SENT = 1;
+/** TCP's SYN and RST flag bits. */
+const TCP_SYN = 0x02;
+const TCP_RST = 0x04;
 const TCP_TIME_WAIT = 7;
 const TCP_CLOSE = 8;
 

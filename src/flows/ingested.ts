@@ -9,9 +9,11 @@
  * timestamp, and their garbage, in a profile of the pipeline benchmark).
  */
 import { svctrace } from '../gen/svctrace';
-import type { KernelEvent } from '../events/decode';
+import type { FlowStatsRecord, KernelEvent } from '../events/decode';
+import { StatsReason } from '../events/layout';
+import { wallNs } from '../clock';
 import type { Flow, Ingested, TimelineEntry } from './types';
-import { EventContext, protoDirection, protoTcpState, toProtoEvent } from './to-proto';
+import { EventContext, longFromBigint, protoDirection, protoTcpState, protoTuple, toProtoEvent } from './to-proto';
 
 import pb = svctrace.v1;
 
@@ -35,6 +37,48 @@ export class KernelIngested implements Ingested {
   /** The wire event was made: whoever holds it may have changed it, so only it says what goes out. */
   get materialized(): boolean {
     return this.made !== undefined;
+  }
+}
+
+/** A flow's counter record (FLOW_STATS), its wire event made on first use like KernelIngested's. */
+export class StatsIngested implements Ingested {
+  private made?: pb.IEvent;
+
+  constructor(
+    readonly flow: Flow,
+    readonly entry: TimelineEntry,
+    /** The record as decoded; read-only. */
+    readonly record: FlowStatsRecord,
+    /** The flow's backend when the record came. */
+    private readonly backend: string | undefined,
+    private readonly reasonName: string,
+  ) {}
+
+  get event(): pb.IEvent {
+    if (this.made) return this.made;
+    const { flow: f, record: r } = this;
+    const event: pb.IEvent = {
+      tsNs: longFromBigint(wallNs(r.tsNs)),
+      kind: pb.EventKind.EVENT_KIND_FLOW_STATS,
+      flowId: f.id,
+      service: f.service,
+      direction: pb.Direction.DIRECTION_ORIGINAL,
+      packet: protoTuple(f.orig),
+      conntrack: { id: f.ctId },
+      counters: {
+        packetsOriginal: r.packets[0],
+        bytesOriginal: r.bytes[0],
+        packetsReply: r.packets[1],
+        bytesReply: r.bytes[1],
+        drops: r.drops,
+        final: r.reason !== StatsReason.PERIODIC,
+        reason: this.reasonName,
+        // A flow is counted only from its start: the record's own word.
+        countedOnly: r.countedOnly || f.countedOnly,
+      },
+    };
+    if (this.backend) event.backend = this.backend;
+    return (this.made = event);
   }
 }
 

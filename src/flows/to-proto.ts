@@ -175,5 +175,6 @@ export function flowToProto(f: Flow): pb.IFlow {
     reset: f.reset,
     conntrackId: f.ctId,
     rulePath: f.rulePath,
+    countedOnly: f.countedOnly,
   };
 }

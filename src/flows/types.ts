@@ -51,6 +51,8 @@ export interface Flow {
   kernelDrops: number;
   /** The counters are the flow's last (it ended: closed, address reused, or expired). */
   countersFinal: boolean;
+  /** The flow started over the detail budget (--detail-rate): known by its kernel counters (packets, bytes, TCP flags, NAT result) and drops; no hook or device events. */
+  countedOnly: boolean;
   firstTsNs: bigint;
   lastTsNs: bigint;
   closed: boolean;
@@ -117,6 +119,8 @@ export interface FlowSummary {
   resets: number;
   /** Flows removed from the table to stay under maxFlows (their later events start new flows). */
   evicted: number;
+  /** Flows seen that were counted only (over the detail budget, --detail-rate): in `flows` too. */
+  countedOnly: number;
 }
 
 /** What readers of a flow table (sinks, the stream, explain) may do with it. */

@@ -225,6 +225,8 @@ export class ServiceMetrics {
         if (!event.benignDrop && event.dropReasonName) this.inc(this.drops, 'svctrace_drops_total', [service, event.dropReasonName]);
       }
       const backend = flow.backend ?? '';
+      // A counted-only flow has no reply-direction events: its counters say whether anything came back (no timing, so no histogram).
+      if (!m.replied && flow.countedOnly && flow.packets[1] > 0) m.replied = true;
       if (!m.replied && m.dnatNs !== undefined && itemDirection(item) === pb.Direction.DIRECTION_REPLY) {
         m.replied = true;
         this.observeSeconds(this.firstReply, 'svctrace_first_reply_seconds', [service, backend], entry.tsNs - m.dnatNs);

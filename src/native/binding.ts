@@ -68,6 +68,8 @@ export interface NativeStats {
   flowsUnseenReset: number;
   /** kprobe backend: NAT hook returns whose entry was lost, so their after-NAT view is lost. */
   natExitUnmatched: number;
+  /** Tracked flows started over the detail budget (detailRate): counted in the kernel, their transitions not reported. Not a loss. */
+  flowsCountedOnly: number;
   /** Packets of tracked flows counted in the kernel (never reported one by one). */
   packetsCounted: number;
   ringBufferBytes: number;
@@ -120,7 +122,7 @@ export interface NativeTracer {
 }
 
 export interface NativeBinding {
-  Tracer: new (opts?: { backend?: Backend; snaplen?: number; benchSource?: boolean; allPackets?: boolean; ringBufferBytes?: number; statsIntervalMs?: number }) => NativeTracer;
+  Tracer: new (opts?: { backend?: Backend; snaplen?: number; benchSource?: boolean; allPackets?: boolean; ringBufferBytes?: number; statsIntervalMs?: number; detailRate?: number }) => NativeTracer;
   /** Every kernel probe, or only the named ones (the rest are then absent). */
   probeFeatures(names?: Array<keyof NativeFeatures>): NativeFeatures;
   layout(): NativeLayout;

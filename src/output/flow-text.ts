@@ -55,7 +55,7 @@ export function flowLine(f: Flow, backendName: (addr: string) => string | undefi
   return (
     `flow ${f.id} ${PROTO_NAMES[f.proto] ?? f.proto} ${f.orig.saddr}:${f.orig.sport} -> ${f.orig.daddr}:${f.orig.dport} (service ${f.service}): ` +
     `backend ${backend}${name ? ` (${name})` : ''}, ${dur}ms, ${f.packets[0]} pkts/${f.bytes[0]} B out, ${f.packets[1]} pkts/${f.bytes[1]} B back` +
-    `${f.masqueraded ? ', masqueraded' : ''}, ${state}${failures.length ? `, ${failures.join(', ')}` : ''}`
+    `${f.masqueraded ? ', masqueraded' : ''}, ${state}${failures.length ? `, ${failures.join(', ')}` : ''}${f.countedOnly ? ' (counted only: over the detail budget)' : ''}`
   );
 }
 
@@ -108,6 +108,7 @@ export class FlowTextPrinter {
 export function formatSummary(s: FlowSummary, stats: TracerStats, backendName: (addr: string) => string | undefined = () => undefined): string {
   const unseen = stats.flowsUnseen ?? 0;
   const lines = [`summary: ${s.flows} flows (${s.closed} closed), ${s.resets} reset${unseen ? `; ${unseen} more flows lost whole (${stats.flowsUnseenReset ?? 0} of them reset; the ring buffer was full for every record of theirs)` : ''}`];
+  if (s.countedOnly) lines.push(`  ${s.countedOnly} of them counted only, over the detail budget (packets, bytes, backend, drops; no hook or device events): --detail-rate all shows every flow's path`);
   const backends = Object.entries(s.perBackend).sort((a, b) => b[1] - a[1]);
   if (backends.length) {
     lines.push('  new flows per backend:');

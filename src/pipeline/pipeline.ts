@@ -32,6 +32,7 @@ import { nameItem } from '../flows/ingested';
 import type { HubSource } from '../stream/hub';
 import type { svctrace } from '../gen/svctrace';
 import { Tracer, TracerStats } from '../tracer/tracer';
+import { DEFAULT_DETAIL_RATE } from '../events/layout';
 import type { BackendChoice, BackendRequest } from '../tracer/backend';
 import { kernelLosses, StageLosses, totalLost } from '../tracer/losses';
 import { ApiNames } from './api-names';
@@ -55,6 +56,13 @@ export interface PipelineOptions {
   ringBufferBytes?: number;
   /** How often an active flow's counters are reported (default 1000 ms). */
   statsIntervalMs?: number;
+  /**
+   * New flows per second whose transitions are reported (default
+   * DEFAULT_DETAIL_RATE; 0: every flow). The rest are counted only:
+   * packets, bytes, TCP flags, backend and drops, no hooks or devices.
+   * Ignored with allPackets (every flow in detail).
+   */
+  detailRate?: number;
   /** Show the kube-proxy rule path of each new connection (default true; nftables tracing needs nft). */
   ruleTrace?: boolean;
   /** How long a closed flow stays in the table (default 5 s). */
@@ -153,7 +161,7 @@ export class Pipeline {
     let p: Pipeline | undefined;
     try {
       // Loading first: permission and verifier errors come before any output starts.
-      tracer = Tracer.open({ backend: opts.attachBackend, snaplen: opts.snaplen, allPackets: opts.allPackets, ringBufferBytes: opts.ringBufferBytes, statsIntervalMs: opts.statsIntervalMs });
+      tracer = Tracer.open({ backend: opts.attachBackend, snaplen: opts.snaplen, allPackets: opts.allPackets, ringBufferBytes: opts.ringBufferBytes, statsIntervalMs: opts.statsIntervalMs, detailRate: opts.allPackets ? 0 : (opts.detailRate ?? DEFAULT_DETAIL_RATE) });
       tracer.setServices(opts.services);
       const names = new NetnsNames();
       if (cluster) {
@@ -173,6 +181,7 @@ export class Pipeline {
         deliveredThrough: () => tracer!.deliveredThrough(),
       });
       p = new Pipeline(tracer, table, names, opts.services, netns, discovery, cluster, warn);
+      p.detailRate = opts.allPackets ? 0 : (opts.detailRate ?? DEFAULT_DETAIL_RATE);
       p.sinks = new SinkSet(await makeSinks(p.context()), warn);
       p.rulePaths = RulePaths.plan({ enabled: opts.ruleTrace !== false, discovery, table });
       p.deliverFromKernel();
@@ -269,6 +278,7 @@ export class Pipeline {
       kernelLost: () => totalLost(this.losses()),
       lostByStage: () => this.losses(),
       activeFlows: () => this.table.size,
+      flowsCountedOnly: () => this.tracer.stats().flowsCountedOnly,
       dropsByReason: () => this.table.summary().dropsByReason,
       takeChangedFlows: (wanted) => {
         // Thousands of flows change per second in a storm: their messages are built only for a client that asked.
@@ -317,7 +327,21 @@ export class Pipeline {
   expireNow(): Flow[] {
     const gone = this.table.expire(this.tracer.deliveredThrough());
     if (gone.length) this.sinks.expired(gone);
+    this.warnDetailBudget();
     return gone;
+  }
+
+  private detailBudgetWarned = false;
+  /** New flows per second reported in detail (0: all). */
+  private detailRate = 0;
+
+  /** Says once, when it first happens, that new flows are past the detail budget (it is no loss, but the user sees fewer paths). */
+  private warnDetailBudget(): void {
+    if (this.detailBudgetWarned || !this.tracer.stats().flowsCountedOnly) return;
+    this.detailBudgetWarned = true;
+    this.onWarning(
+      `more than ${this.detailRate} new flows per second: the flows past that are counted only (packets, bytes, backend, drops; no hook or device events). --detail-rate all shows every flow's path, at a cost to the traced traffic`,
+    );
   }
 
   stats(): TracerStats {

@@ -36,6 +36,8 @@ export interface RecordOptions {
   attachBackend?: import('../tracer/backend').BackendRequest;
   ringBufferBytes?: number;
   statsIntervalMs?: number;
+  /** See PipelineOptions.detailRate. */
+  detailRate?: number;
   durationS?: number;
   maxBytes?: number;
   overwrite?: boolean;
@@ -79,6 +81,7 @@ export async function record(opts: RecordOptions): Promise<pb.IRecordingTrailer>
       attachBackend: opts.attachBackend,
       ringBufferBytes: opts.ringBufferBytes,
       statsIntervalMs: opts.statsIntervalMs,
+      detailRate: opts.detailRate,
       onWarning: opts.onWarning,
     },
     async (ctx) => {

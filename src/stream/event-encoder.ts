@@ -83,6 +83,7 @@ export const enum Tag {
   F_DROPS = 40,
   F_FINAL = 48,
   F_REASON = 58,
+  F_COUNTED_ONLY = 64,
 }
 
 type U64 = number | Long | null | undefined;
@@ -165,6 +166,7 @@ function counters(w: EventWriter, c: pb.IFlowCounters): void {
   u64(w, Tag.F_DROPS, c.drops);
   flag(w, Tag.F_FINAL, c.final);
   str(w, Tag.F_REASON, c.reason);
+  flag(w, Tag.F_COUNTED_ONLY, c.countedOnly);
   w.ldelim();
 }
 

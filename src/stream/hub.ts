@@ -25,6 +25,8 @@ export interface HubSource {
   /** Losses per stage before the hub (kernel, addon, flow table), when known. */
   lostByStage?(): Record<string, number>;
   activeFlows(): number;
+  /** Flows seen that were counted only (over the detail budget), when known. */
+  flowsCountedOnly?(): number;
   dropsByReason(): Record<string, number>;
   /** Flows changed since the last call; `wanted` false: forget them without building messages (no client wants flows). */
   takeChangedFlows?(wanted: boolean): pb.IFlow[];
@@ -139,6 +141,7 @@ export class Hub {
       eventsPerSecond: this.rate,
       lostByStage: { ...this.source.lostByStage?.(), client_queues: this.clientsDropped() },
       nodes: this.source.nodes?.() ?? [],
+      flowsCountedOnly: this.source.flowsCountedOnly?.() ?? 0,
     };
   }
 

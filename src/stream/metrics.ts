@@ -41,6 +41,10 @@ export function serverRegistry(hub: Hub, source: HubSource): Registry {
       for (const [stage, n] of Object.entries({ ...source.lostByStage?.(), client_queues: hub.clientsDropped() })) this.inc({ stage }, n ?? 0);
     },
   });
+  const countedOnly = source.flowsCountedOnly?.bind(source);
+  if (countedOnly) {
+    value('svctrace_flows_counted_only_total', 'Traced flows started over the detail budget (--detail-rate): counted in the kernel (packets, bytes, backend, drops), their transitions not reported. Not a loss.', countedOnly, 'counter');
+  }
   value('svctrace_heap_used_bytes', 'V8 heap in use by svctrace.', () => v8.getHeapStatistics().used_heap_size);
   value('svctrace_heap_limit_bytes', 'V8 heap limit (--max-old-space-size on the #! line, plus the young generation).', () => v8.getHeapStatistics().heap_size_limit);
   value('svctrace_resident_memory_bytes', 'Resident set size of the svctrace process.', () => process.memoryUsage.rss());

@@ -36,6 +36,8 @@ export interface TracerOpenOptions {
   allPackets?: boolean;
   ringBufferBytes?: number;
   statsIntervalMs?: number;
+  /** New flows per second whose transitions are reported, the rest counted only (0 or absent: every flow). */
+  detailRate?: number;
 }
 
 export interface AttachedNetns {
@@ -91,6 +93,7 @@ export class Tracer {
    * packet at every hook, not only the transitions. ringBufferBytes: the
    * kernel ring buffer (the one buffer when user space is behind).
    * statsIntervalMs: how often an active flow's counters are reported.
+   * detailRate: new flows per second reported in detail (default 0: all).
    */
   static open(opts: TracerOpenOptions = {}): Tracer {
     const binding = loadBinding();
@@ -103,6 +106,7 @@ export class Tracer {
         allPackets: !!opts.allPackets,
         ...(opts.ringBufferBytes !== undefined ? { ringBufferBytes: opts.ringBufferBytes } : {}),
         ...(opts.statsIntervalMs !== undefined ? { statsIntervalMs: opts.statsIntervalMs } : {}),
+        ...(opts.detailRate !== undefined ? { detailRate: opts.detailRate } : {}),
       });
       native.load();
     } catch (e) {

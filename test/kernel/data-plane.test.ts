@@ -37,6 +37,20 @@ s.on('message', () => { if (--left === 0) { clearTimeout(t); console.log('port='
 s.send('q' + left, Number(port), addr);
 `;
 
+/** N HTTP GETs at once, each on its own connection; prints done=N when all were answered. */
+const PARALLEL_GETS = `
+const http = require('node:http');
+const [url, n] = process.argv.slice(1);
+let left = Number(n);
+const t = setTimeout(() => { console.error('timeout, ' + left + ' left'); process.exit(1); }, 50000);
+for (let i = 0; i < Number(n); i++) {
+  http.get(url, { agent: false, headers: { connection: 'close' } }, (r) => {
+    r.resume();
+    r.on('end', () => { if (--left === 0) { clearTimeout(t); console.log('done=' + n); } });
+  }).on('error', (e) => { console.error(e.message); process.exit(1); });
+}
+`;
+
 /** conntrack -E DESTROY lines with accounting: per flow, the kernel's own counters. */
 interface CtCounters {
   proto: string;
@@ -70,7 +84,7 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
   });
 
   /** A pipeline over the lab node with a sink that keeps every event. */
-  async function trace(opts: { allPackets?: boolean } = {}): Promise<{ p: Pipeline; log: FlowLog }> {
+  async function trace(opts: { allPackets?: boolean; detailRate?: number } = {}): Promise<{ p: Pipeline; log: FlowLog }> {
     const log = new FlowLog();
     const web = lab.service('web');
     const dns = lab.service('kube-dns');
@@ -82,6 +96,7 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
         ruleTrace: false,
         closeGraceMs: 3_600_000,
         allPackets: opts.allPackets,
+        detailRate: opts.detailRate,
       },
       () => [{ name: 'test', write: log.add }],
     );
@@ -126,6 +141,53 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
         assert.equal(Number(finalEv?.counters?.packetsOriginal), k.packets[0]);
       }
       assert.ok(flowOf(tcpPort)!.packets[0] > 150, 'a request per packet at least');
+    } finally {
+      ct.stop();
+      await p.stop();
+    }
+  });
+
+  kernelTest('past the detail budget a flow is counted only: every flow still seen, with exact counters and its backend, and no hook or device events', async () => {
+    const ct = await conntrackDestroys(lab.nodeNetns);
+    // One detailed flow per second (per CPU, rounded up): a burst of 40
+    // connections in a second or two leaves most of them over the budget.
+    const { p, log } = await trace({ detailRate: 1 });
+    const web = lab.service('web');
+    const n = 40;
+    try {
+      const r = await runIn(lab.clientNetns, [process.execPath, '-e', PARALLEL_GETS, `http://${web.clusterIP}/`, String(n)], { timeoutMs: 60_000 * TIME_SCALE });
+      assert.match(r.stdout, /done=40/);
+      await sleep(2500); // TIME_WAIT is 2 s in the lab
+      const truth = () => ct.text().split('\n').map(parseDestroy).filter((x): x is CtCounters => x?.proto === 'tcp');
+      assert.ok(await reapUntil(lab, () => truth().length >= n, 15_000), `conntrack -E saw the ${n} connections end (${truth().length}):\n${ct.text()}`);
+      assert.ok(await waitFor(() => truth().every((k) => !!log.flowByClientPort(k.sport)?.countersFinal), 5000), 'every connection has a flow with its final counters');
+      const pods = new Set(lab.pods.map((pod) => pod.ip));
+      let countedOnly = 0;
+      for (const k of truth()) {
+        const f = log.flowByClientPort(k.sport)!;
+        // Exact, detailed or not: the kernel counts every packet either way.
+        assert.deepEqual(f.packets, k.packets, `port ${k.sport} packets [orig, reply]: svctrace ${f.packets} vs conntrack ${k.packets}`);
+        assert.deepEqual(f.bytes, k.bytes, `port ${k.sport} bytes: svctrace ${f.bytes} vs conntrack ${k.bytes}`);
+        assert.ok(f.dnat && pods.has(f.reply.saddr), `port ${k.sport}: its backend is known (${f.reply.saddr}:${f.reply.sport}, counted only: ${f.countedOnly})`);
+        const kinds = new Set(log.eventsOf(f).map((e) => e.kind));
+        if (f.countedOnly) {
+          countedOnly++;
+          // Its counters, its drops (reported for every flow: a 6.1 guest
+          // frees a closing socket's last segment as a drop) and its end
+          // (conntrack's destroy): nothing from the hooks, routes or devices.
+          assert.ok(kinds.has(pb.EventKind.EVENT_KIND_FLOW_STATS), `a counted-only flow has its counter records (port ${k.sport})`);
+          for (const kind of [pb.EventKind.EVENT_KIND_FLOW_STATS, pb.EventKind.EVENT_KIND_CT_DESTROY, pb.EventKind.EVENT_KIND_DROP]) kinds.delete(kind);
+          assert.deepEqual([...kinds], [], `a counted-only flow has no hook, route or device events (port ${k.sport})`);
+          assert.ok(log.eventsOf(f).filter((e) => e.counters).every((e) => e.counters?.countedOnly), 'its counter records say so');
+        } else {
+          assert.ok(kinds.has(pb.EventKind.EVENT_KIND_NETFILTER) && kinds.has(pb.EventKind.EVENT_KIND_DEV_XMIT), `a detailed flow has its hook and device events (port ${k.sport})`);
+        }
+      }
+      const cpus = (await import('node:os')).cpus().length;
+      assert.ok(n - countedOnly >= 1, 'the budget gave at least one flow its detail');
+      assert.ok(countedOnly >= Math.max(1, n - cpus * 8), `${countedOnly} of ${n} counted only: at most one detailed flow per CPU and second went out`);
+      assert.equal(p.stats().flowsCountedOnly, countedOnly, 'the kernel counted as many counted-only flows as the model shows');
+      assert.equal(p.flows.summary().countedOnly, countedOnly, 'and the summary says so');
     } finally {
       ct.stop();
       await p.stop();

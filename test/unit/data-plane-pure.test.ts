@@ -3,7 +3,7 @@ import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { ChannelMerge } from '../../src/tracer/channel-merge';
 import { formatLosses, totalLost } from '../../src/tracer/losses';
-import { parseRingBuffer, parseStatsInterval } from '../../src/cli/options';
+import { parseDetailRate, parseRingBuffer, parseStatsInterval } from '../../src/cli/options';
 import { SvctraceError } from '../../src/errors';
 import type { DecodedBatch } from '../../src/events/decode';
 import { ev } from '../helpers/kernel-events';
@@ -52,6 +52,14 @@ describe('sizing flags', () => {
     assert.equal(parseRingBuffer('64'), 64 * 2 ** 20);
     assert.equal(parseRingBuffer(undefined), undefined);
     for (const bad of ['3', '0', '2048', 'x', '1.5', '-4']) assert.throws(() => parseRingBuffer(bad), (e: unknown) => e instanceof SvctraceError && e.code === 'BAD_INPUT', bad);
+  });
+
+  it('--detail-rate takes whole flows per second, or all (0)', () => {
+    assert.equal(parseDetailRate('250'), 250);
+    assert.equal(parseDetailRate('0'), 0);
+    assert.equal(parseDetailRate('all'), 0);
+    assert.equal(parseDetailRate(undefined), undefined);
+    for (const bad of ['', ' ', '-1', '1.5', 'many', '1000001', '1e9']) assert.throws(() => parseDetailRate(bad), (e: unknown) => e instanceof SvctraceError && e.code === 'BAD_INPUT', bad);
   });
 
   it('--stats-interval takes 10 ms .. 1 h', () => {

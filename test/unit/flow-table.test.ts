@@ -12,13 +12,16 @@ import { flowFailed, flowLine, formatSummary, stageLabel } from '../../src/outpu
 
 import pb = svctrace.v1;
 
+/** A stats record's reply tuple before NAT is decided: zeros. */
+const NO_TUPLE: Tuple = { saddr: '0.0.0.0', daddr: '0.0.0.0', sport: 0, dport: 0, proto: 0 };
+
 const dnated: Tuple = { saddr: '10.244.1.1', daddr: '10.244.1.12', sport: 40000, dport: 8080, proto: 6 };
 
 
 function stats(over: Partial<FlowStatsRecord>): FlowStatsRecord {
   return {
     tsNs: 500n, ctId: 'ffff1', ctKey: ctKeyOf(over.ctId ?? 'ffff1'), reason: StatsReason.PERIODIC, packets: [0, 0], bytes: [0, 0], drops: 0, firstNs: 100n, lastNs: 500n,
-    orig, serviceId: 1, netnsIno: 111, tcpFlags: [0, 0], delivered: true, ctBirth: ctBirthOf(over.firstNs ?? 100n), ...over,
+    orig, serviceId: 1, netnsIno: 111, tcpFlags: [0, 0], delivered: true, ctBirth: ctBirthOf(over.firstNs ?? 100n), reply: NO_TUPLE, countedOnly: false, tcpState: 0xff, ...over,
   };
 }
 
@@ -70,6 +73,57 @@ describe('FlowTable', () => {
     // Counters of a previous entry at a reused address never touch the new flow.
     t.ingest([], [stats({ orig: lone, packets: [9, 9], reason: StatsReason.REUSED })]);
     assert.deepEqual(f.packets, [1000, 1000]);
+  });
+
+  it('a counted-only flow (over the detail budget) is known by its counters: backend, masquerade, reset, and the summary says how many', () => {
+    const t = table();
+    const a: Tuple = { ...orig, saddr: '10.250.0.2', sport: 41100 };
+    // DNAT to .12 and masqueraded: the backend sees the node's address.
+    const natted: Tuple = { saddr: '10.244.1.12', daddr: '10.244.1.1', sport: 8080, dport: 61000, proto: 6 };
+    const [first] = t.ingest([], [stats({ ctId: 'ffa1', orig: a, reply: natted, countedOnly: true, delivered: false, packets: [1, 0], bytes: [60, 0] })]);
+    const f = first!.flow;
+    assert.equal(f.countedOnly, true);
+    assert.equal(f.dnat, true);
+    assert.equal(f.backend, '10.244.1.12:8080');
+    assert.equal(f.masqueraded, true);
+    assert.equal(first!.event.backend, '10.244.1.12:8080', 'its counter events name the backend');
+    assert.equal(first!.event.counters?.countedOnly, true);
+    // Its end, refused by the backend: the reset is in the kernel's TCP flags.
+    t.ingest([], [stats({ ctId: 'ffa1', orig: a, reply: natted, countedOnly: true, tcpFlags: [0x02, 0x14], packets: [1, 1], bytes: [60, 40], reason: StatsReason.CLOSED })]);
+    assert.equal(f.reset, true);
+    assert.equal(f.backendReset, true);
+    assert.equal(f.backendRefused, true, 'a reset with no SYN-ACK before it: refused (what the diagnoses count)');
+    assert.deepEqual(f.packets, [1, 1]);
+    // An answered one: a packet came back, which is what the diagnoses read as SEEN_REPLY.
+    const c: Tuple = { ...orig, saddr: '10.250.0.2', sport: 41102 };
+    const [answered] = t.ingest([], [stats({ ctId: 'ffa3', orig: c, reply: natted, countedOnly: true, delivered: false, tcpFlags: [0x1b, 0x1b], packets: [6, 4] })]);
+    assert.ok(answered!.flow.status & IPS_SEEN_REPLY);
+    assert.equal(answered!.flow.reset, false);
+    assert.equal(answered!.flow.backendRefused, undefined);
+    assert.equal(answered!.flow.closed, false);
+    // It reaches TIME_WAIT (its entry lives on): the connection is over, and the flow closed.
+    t.ingest([], [stats({ ctId: 'ffa3', orig: c, reply: natted, countedOnly: true, tcpFlags: [0x1b, 0x1b], packets: [7, 5], tcpState: 7, tsNs: 900n })]);
+    assert.equal(answered!.flow.tcpState, 7);
+    assert.equal(answered!.flow.closed, true);
+    assert.equal(answered!.flow.closedTsNs, 900n);
+    // A flow not DNATed (reply is the original reversed) has no backend.
+    const b: Tuple = { ...orig, saddr: '10.250.0.2', sport: 41101 };
+    const [plain] = t.ingest([], [stats({ ctId: 'ffa2', orig: b, reply: { saddr: b.daddr, daddr: b.saddr, sport: b.dport, dport: b.sport, proto: 6 }, countedOnly: true, delivered: false })]);
+    assert.equal(plain!.flow.dnat, false);
+    assert.equal(plain!.flow.masqueraded, false);
+    const s = t.summary();
+    assert.equal(s.countedOnly, 3);
+    assert.equal(s.resets, 1);
+    assert.deepEqual(s.perBackend, { '10.244.1.12:8080': 2 });
+    assert.match(formatSummary(s, { recordsRead: 0, ctDestroyEvents: 0, packetsCounted: 0 } as never), /3 of them counted only, over the detail budget/);
+    assert.match(flowLine(f), /counted only/);
+    // A detailed flow's counters never turn it into a counted-only one, and its own NAT view stays.
+    const d = table();
+    d.ingest([ev({ tsNs: 100n }), ev({ tsNs: 110n, nfStage: NfStage.AFTER_NAT, nfPriority: -99, ctStatus: IPS_DST_NAT })]);
+    d.ingest([], [stats({ reply })]);
+    assert.equal(d.flows()[0]!.countedOnly, false);
+    assert.equal(d.flows()[0]!.backend, '10.244.1.12:8080');
+    assert.equal(d.summary().countedOnly, 0);
   });
 
   it('makes a flow from the last record of an entry none of whose records arrived before, and only then', () => {
