@@ -694,7 +694,7 @@ static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_
 			dev = hook == NF_INET_PRE_ROUTING || hook == NF_INET_LOCAL_IN ? SVT_LOAD(probed, state, in) :
 										       SVT_LOAD(probed, state, out);
 			fill_dev(e, dev, probed);
-			fill_skb(e, skb, nh);
+			fill_skb(e, skb, nh, false);
 			fill_ct_read(e, ct, ctinfo, &orig, &reply, status, tcp_state);
 			if (st)
 				e->ct_birth = SVT_CT_BIRTH(st->first_ns);
@@ -942,7 +942,7 @@ static __always_inline int observe_dev(struct sk_buff *skb, __u16 kind)
 	e->ct_id = ref->ct_id;
 	e->service_id = ref->service_id;
 	e->dir = ref->dir;
-	fill_skb(e, skb, nh);
+	fill_skb(e, skb, nh, kind == SVT_EV_DEV_RECV);
 	fill_dev(e, skb->dev, false);
 	svt_submit(e);
 	return 0;
@@ -1071,7 +1071,7 @@ static __always_inline int observe_drop(struct sk_buff *skb, __u32 reason, const
 		return 0;
 	e->reason = reason;
 	e->service_id = svc_id;
-	fill_skb(e, skb, nh);
+	fill_skb(e, skb, nh, false);
 	fill_dev(e, skb->dev, false);
 	if (ct) {
 		fill_ct(e, ct, BPF_CORE_READ(skb, _nfct) & SVT_NFCT_INFOMASK);

@@ -225,20 +225,31 @@ static __always_inline int read_tuple_at(struct svt_tuple *t, unsigned char *nh)
 }
 
 /* Copies up to targ_snaplen bytes of the packet from its IP header (the
- * linear part only: headers always are) into the record's tail. */
-static __always_inline void capture(struct svt_event *e, struct sk_buff *skb, unsigned char *nh)
+ * linear part only: headers always are) into the record's tail. nh is the
+ * skb's data (nh_at_data) or its network header. What is there to copy
+ * comes from the skb's offsets and lengths, never from the pointers: a
+ * pointer loaded from a BTF object is untrusted memory to newer verifiers
+ * (6.18), any arithmetic on it stays one, and one is no length for the
+ * helper ("R2 type=rdonly_untrusted_mem expected=scalar": record refused). */
+static __always_inline void capture(struct svt_event *e, struct sk_buff *skb, unsigned char *nh, bool nh_at_data)
 {
 	struct svt_event_cap *c = (struct svt_event_cap *)e;
-	unsigned char *end;
-	__u64 avail;
-	__u32 len;
+	/* 64-bit: with 32-bit lengths clang bounds a zero-extended copy and
+	 * passes the unbounded register to the helper. */
+	__u64 avail, len;
+	__u32 tail, net;
 
 	if (!targ_snaplen)
 		return;
-	end = BPF_CORE_READ(skb, head) + BPF_CORE_READ(skb, tail);
-	if (end <= nh)
-		return;
-	avail = end - nh;
+	if (nh_at_data) {
+		avail = BPF_CORE_READ(skb, len) - BPF_CORE_READ(skb, data_len); /* the linear part */
+	} else {
+		tail = BPF_CORE_READ(skb, tail); /* offsets from head on 64-bit kernels */
+		net = BPF_CORE_READ(skb, network_header);
+		if (tail <= net)
+			return;
+		avail = tail - net;
+	}
 	len = targ_snaplen < SVT_MAX_SNAPLEN ? targ_snaplen : SVT_MAX_SNAPLEN;
 	if (avail < len)
 		len = avail;
@@ -251,14 +262,14 @@ static __always_inline void capture(struct svt_event *e, struct sk_buff *skb, un
 /* Fills the packet fields from the IP header at nh: the header in one read,
  * the start of the L4 header (ports; TCP's flags, ICMP's type and code) in
  * another. */
-static __always_inline void fill_skb(struct svt_event *e, struct sk_buff *skb, unsigned char *nh)
+static __always_inline void fill_skb(struct svt_event *e, struct sk_buff *skb, unsigned char *nh, bool nh_at_data)
 {
 	struct iphdr iph;
 	__u8 l4[14];
 
 	e->skb_id = (__u64)skb;
 	e->pkt_len = BPF_CORE_READ(skb, len);
-	capture(e, skb, nh);
+	capture(e, skb, nh, nh_at_data);
 	if (bpf_probe_read_kernel(&iph, sizeof(iph), nh) || iph.version != 4)
 		return;
 	e->pkt.saddr = iph.saddr;

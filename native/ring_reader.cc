@@ -103,7 +103,23 @@ void RingReader::Stop() {
   stopped_ = true;
   stop_.store(true);
   if (thread_.joinable()) thread_.join();
+  // The ring is not read again: what it still holds is lost, and counted.
+  if (consumer_pos_) left_in_ring_.store(CountLeft());
   if (sink_) sink_->Close();
+}
+
+uint64_t RingReader::CountLeft() const {
+  const size_t mask = data_size_ - 1;
+  unsigned long cons = __atomic_load_n(consumer_pos_, __ATOMIC_ACQUIRE);
+  const unsigned long prod = __atomic_load_n(producer_pos_, __ATOMIC_ACQUIRE);
+  uint64_t left = 0;
+  while (cons < prod) {
+    const __u32 len = __atomic_load_n(reinterpret_cast<const __u32*>(data_ + (cons & mask)), __ATOMIC_ACQUIRE);
+    if (len & BPF_RINGBUF_BUSY_BIT) break;  // still being written: not counted by anyone yet
+    if (!(len & BPF_RINGBUF_DISCARD_BIT)) left++;
+    cons += RecordSpan(len);
+  }
+  return left;
 }
 
 uint64_t RingReader::ring_bytes() const {

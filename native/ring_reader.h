@@ -30,8 +30,9 @@ class RingReader {
 
   uint64_t batches_delivered() const { return sink_->batches(); }
   uint64_t records_read() const { return records_.load(); }
-  // Records read from the ring that could not be handed to JS at shutdown.
-  uint64_t lost_at_close() const { return sink_->lost_at_close(); }
+  // Records never handed to JS at shutdown: read from the ring and not
+  // handed over, or still in the ring (the caller's drain ran out of time).
+  uint64_t lost_at_close() const { return sink_->lost_at_close() + left_in_ring_.load(); }
   uint64_t malformed() const { return malformed_.load(); }
   // Times the reader held back because JS was behind.
   uint64_t held_back() const { return held_back_.load(); }
@@ -45,6 +46,9 @@ class RingReader {
   // Takes committed records until the ring is empty or the batch is full;
   // returns how many it took.
   size_t Consume();
+  // Committed records between the consumer and producer positions, not
+  // taken: what Stop() leaves in the ring.
+  uint64_t CountLeft() const;
   void Take(const void* record, size_t size);
   void Unmap();
   void Run();
@@ -64,6 +68,7 @@ class RingReader {
   std::atomic<uint64_t> records_{0};
   std::atomic<uint64_t> malformed_{0};
   std::atomic<uint64_t> held_back_{0};
+  std::atomic<uint64_t> left_in_ring_{0};
   std::atomic<uint32_t> pending_{0};
 };
 

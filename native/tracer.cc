@@ -372,6 +372,10 @@ Napi::Value Tracer::Start(const Napi::CallbackInfo& info) {
 Napi::Value Tracer::Stats(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   RequireLoaded(env, "stats");
+  return StatsObject(env);
+}
+
+Napi::Object Tracer::StatsObject(Napi::Env env) {
   int ncpu = libbpf_num_possible_cpus();
   if (ncpu <= 0) ThrowErrno(env, "libbpf_num_possible_cpus", ncpu);
   std::vector<__u64> values((size_t)ncpu);
@@ -508,9 +512,30 @@ Napi::Value Tracer::SnapshotFlowState(const Napi::CallbackInfo& info) {
   return CollectFlowState(env, false, 0);
 }
 
+// close() -> the last stats (undefined when already closed or never
+// loaded). Taken after the programs are detached and the reader and
+// listeners stopped: nothing is written after them, and what was never
+// handed to JS (records a drain that ran out of time left in the ring) is
+// in readerLostAtClose.
 Napi::Value Tracer::Close(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (closed_) return env.Undefined();
+  for (bpf_link* l : links_) bpf_link__destroy(l);
+  links_.clear();
+  if (skel_) svctrace_bpf__detach(skel_);
+  if (reader_) reader_->Stop();
+  for (auto& l : ct_listeners_) l->Stop();
+  for (auto& l : nft_listeners_) l->Stop();
+  Napi::Value last = env.Undefined();
+  if (loaded_) {
+    try {
+      last = StatsObject(env);
+    } catch (const Napi::Error&) {
+      // closing matters more than its numbers
+    }
+  }
   Destroy();
-  return info.Env().Undefined();
+  return last;
 }
 
 // dropReasons() -> { [value]: 'NO_SOCKET', ... }: this kernel's drop reasons

@@ -317,7 +317,7 @@ export function diagnoseBackends(svc: DiscoveredService, backends: BackendState[
     const at = `${b.ip}:${b.port}`;
     if (isStale(svc, b.ip, b.port)) return; // said above: the rule, not the address
     const probe = b.probe === undefined || b.probe === 'silent' ? [] : [`TCP connect from the node: ${b.probe === 'ok' ? 'accepted' : b.probe}`];
-    if (!b.route.ok) {
+    if (!b.route.ok && !b.route.unknown) {
       out.push({
         code: 'NO_ROUTE',
         object: `backend ${at}`,

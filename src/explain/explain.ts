@@ -119,7 +119,7 @@ export async function explain(opts: ExplainOptions): Promise<Explanation[]> {
       }),
     );
     // Who holds each address here tells a gone pod from a deaf or misrouted one: looked up when something may have failed.
-    const mayFail = opts.probe || opts.watchSeconds || backends.some((b) => !b.route.ok || ['FAILED', 'INCOMPLETE'].includes(b.neighbour.state));
+    const mayFail = opts.probe || opts.watchSeconds || backends.some((b) => (!b.route.ok && !b.route.unknown) || ['FAILED', 'INCOMPLETE'].includes(b.neighbour.state));
     const view = mayFail ? await backendView(netns, svc.endpoints.map((e) => ({ ip: e.ip, port: e.port, proto: svc.proto }))) : undefined;
     if (view) {
       for (const b of backends) {
@@ -211,7 +211,7 @@ export function formatExplanation(e: Explanation): string {
     L.push(`  backends (${s.endpoints.length}):${s.endpoints.length ? '' : ' none'}`);
     s.endpoints.forEach((ep, i) => {
       const b = e.backends[i];
-      const route = !b ? '' : b.route.ok ? `dev ${b.route.dev}${b.route.gateway ? ` via ${b.route.gateway}` : ''}${b.route.src ? ` src ${b.route.src}` : ''}` : `NO ROUTE (${b.route.error})`;
+      const route = !b ? '' : b.route.ok ? `dev ${b.route.dev}${b.route.gateway ? ` via ${b.route.gateway}` : ''}${b.route.src ? ` src ${b.route.src}` : ''}` : b.route.unknown ? `route unknown (${b.route.error})` : `NO ROUTE (${b.route.error})`;
       const neigh = b ? `neighbour ${b.neighbour.state}` : '';
       const probe = b?.probe === undefined ? '' : b.probe === 'ok' ? ', TCP connect ok' : `, TCP connect ${b.probe.toUpperCase()}`;
       const obs = e.observed?.backends.find((o) => o.backend === `${ep.ip}:${ep.port}`);

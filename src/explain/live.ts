@@ -79,6 +79,13 @@ export class LiveDiagnoser {
   private readonly fromRules: LiveDiagnosis[];
   /** The node's routes to backends and who holds their addresses (set once looked up). */
   view?: BackendView;
+  /**
+   * The view is being looked up for the first time: windows wait for it
+   * (their flows stay pending). Judged without it, on a loaded node where
+   * the lookup took seconds, a pod whose replies leave by another
+   * interface was called filtered, not a broken reply path.
+   */
+  waitingForView = false;
 
   constructor(
     private readonly services: DiscoveredService[],
@@ -142,12 +149,15 @@ export class LiveDiagnoser {
 
   /** One window: the flows old enough to judge, per service (nowNs: the delivered kernel time). */
   tick(nowNs = this.deliveredThrough(), final = false): void {
+    if (this.waitingForView && !final) return;
     const flows: Flow[] = [];
     for (const f of this.pending) {
       const age = nowNs - f.firstTsNs;
-      // The last tick waits for nothing more (the pipeline drained the
-      // kernel's events before it): what is old enough is judged.
-      if (final ? age >= GRACE_NS : ((age >= UNDECIDED_GRACE_NS || (age >= GRACE_NS && decided(f))) && settled(f, nowNs))) {
+      // The last tick waits for no more time, only for delivery: what is
+      // old enough is judged, if the kernel's events reached us past it (a
+      // drain that ran out of time at stop, on a slow node, left a flow's
+      // reply in the ring: judged on its SYN alone, it was "unanswered").
+      if (final ? age >= GRACE_NS && settled(f, nowNs) : ((age >= UNDECIDED_GRACE_NS || (age >= GRACE_NS && decided(f))) && settled(f, nowNs))) {
         flows.push(f);
         this.pending.delete(f);
         this.judged.add(f);

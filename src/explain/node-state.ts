@@ -10,24 +10,51 @@ export interface RouteInfo {
   gateway?: string;
   src?: string;
   error?: string;
+  /** The lookup itself failed (no kernel answer: `ip` gave no parsable output): nothing is known about the route. */
+  unknown?: boolean;
+}
+
+/**
+ * The kernel's answer in `ip -j route get` output: a route, or the reason
+ * there is none (an "RTNETLINK answers: ..." error, a blackhole,
+ * unreachable or prohibit route). undefined when the output holds no
+ * answer (the command failed some other way).
+ */
+export function parseRouteGet(r: { code: number; stdout: string; stderr: string }): RouteInfo | undefined {
+  if (r.code !== 0) {
+    const m = /RTNETLINK answers: (.+)/.exec(r.stderr);
+    return m ? { ok: false, error: m[1]!.trim() } : undefined;
+  }
+  try {
+    const [route] = JSON.parse(r.stdout) as Array<{ dev?: string; gateway?: string; prefsrc?: string; type?: string }>;
+    if (!route) return undefined;
+    if (route.type === 'unreachable' || route.type === 'blackhole' || route.type === 'prohibit') return { ok: false, error: route.type };
+    return { ok: true, dev: route.dev, gateway: route.gateway, src: route.prefsrc };
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * The node's route to `ip`. A lookup that brings no kernel answer is tried
+ * once more, then said to be unknown, never "no route": on a loaded node
+ * one came back empty (exit 2, nothing on stderr) and the live diagnoser
+ * called two routable backends unroutable.
+ */
+export async function routeTo(netns: string, ip: string): Promise<RouteInfo> {
+  let r = await runInNetns(netns, ['ip', '-j', 'route', 'get', ip]);
+  let answer = parseRouteGet(r);
+  if (!answer) {
+    r = await runInNetns(netns, ['ip', '-j', 'route', 'get', ip]);
+    answer = parseRouteGet(r);
+  }
+  return answer ?? { ok: false, unknown: true, error: `route lookup failed: ${r.stderr.trim() || `ip exited ${r.code}`}` };
 }
 
 export interface NeighbourInfo {
   /** REACHABLE, STALE, DELAY, PROBE, FAILED, INCOMPLETE, PERMANENT, NOARP, or NONE when there is no entry. */
   state: string;
   lladdr?: string;
-}
-
-export async function routeTo(netns: string, ip: string): Promise<RouteInfo> {
-  const r = await runInNetns(netns, ['ip', '-j', 'route', 'get', ip]);
-  if (r.code !== 0) return { ok: false, error: (r.stderr.trim() || `exit ${r.code}`).replace(/^RTNETLINK answers: /, '') };
-  try {
-    const [route] = JSON.parse(r.stdout) as Array<{ dev?: string; gateway?: string; prefsrc?: string; type?: string }>;
-    if (!route || route.type === 'unreachable' || route.type === 'blackhole' || route.type === 'prohibit') return { ok: false, error: route?.type ?? 'no route' };
-    return { ok: true, dev: route.dev, gateway: route.gateway, src: route.prefsrc };
-  } catch {
-    return { ok: false, error: 'unparsable ip route output' };
-  }
 }
 
 export async function neighbour(netns: string, ip: string): Promise<NeighbourInfo> {
@@ -153,9 +180,15 @@ export async function addressesOfNamedNetns(exceptPath: string): Promise<Map<str
  * interface it sends its answers to the node out of (`ip route get` in the
  * pod, from the backend's address and port).
  */
-export async function backendView(netns: string, endpoints: Array<{ ip: string; port: number; proto?: string }>): Promise<BackendView> {
+export async function backendView(netns: string, endpoints: Array<{ ip: string; port: number; proto?: string }>, previous?: BackendView): Promise<BackendView> {
   const ips = [...new Set(endpoints.map((e) => e.ip))];
-  const routes = new Map(await Promise.all(ips.map(async (ip) => [ip, await routeTo(netns, ip)] as const)));
+  // A route that could not be looked up is not known (a refresh keeps the last answer): no diagnosis rests on it.
+  const looked = await Promise.all(ips.map(async (ip) => [ip, await routeTo(netns, ip)] as const));
+  const routes = new Map<string, RouteInfo>();
+  for (const [ip, r] of looked) {
+    const known = r.unknown ? previous?.routeOf(ip) : r;
+    if (known) routes.set(ip, known);
+  }
   const byAddress = await addressesOfNamedNetns(netns);
   const local = (ip: string) => {
     const r = routes.get(ip);

@@ -149,6 +149,13 @@ export class FlowTable implements FlowTableView {
     // A flow no hook event told about (counted only, or its events lost):
     // its NAT result comes with its counters; and so do its resets.
     if (f.status === 0 && r.reply.proto) this.natFromCounters(f, r.reply);
+    // A reply packet counted is a reply conntrack saw (the kernel counts
+    // after conntrack, ICMP errors apart), whatever the events said: a flow
+    // whose reply events did not reach it (made from counters that came
+    // ahead of a lagging ring, or an older entry's final counters) is not
+    // an unanswered one. Judged unanswered, it was a broken reply path
+    // (seen in the fault catalogue's IPVS column under load).
+    if (r.packets[1] > 0) f.status |= IPS_SEEN_REPLY;
     if (f.countedOnly) this.stateFromCounters(f, r);
     f.packets = [r.packets[0], r.packets[1]];
     f.bytes = [r.bytes[0], r.bytes[1]];
@@ -555,7 +562,6 @@ export class FlowTable implements FlowTableView {
    * SYN-ACK before it).
    */
   private stateFromCounters(f: Flow, r: FlowStatsRecord): void {
-    if (r.packets[1] > 0) f.status |= IPS_SEEN_REPLY;
     // Its TCP state as of its last packet: a connection in TIME_WAIT or
     // CLOSE is over and leaves the table after the grace period, as a
     // detailed one does (its entry may live on for two minutes).
@@ -583,7 +589,9 @@ export class FlowTable implements FlowTableView {
   }
 
   private updateConntrack(f: Flow, e: KernelEvent): void {
-    f.status = e.ctStatus;
+    // A reply once seen stays seen (an older record, or counters ahead of
+    // the events, may have said so first).
+    f.status = e.ctStatus | (f.status & IPS_SEEN_REPLY);
     f.reply = e.ctReply;
     if (e.ctOrig.proto === 6) f.tcpState = e.ctTcpState;
     if (!f.nodeNetnsIno) f.nodeNetnsIno = e.netnsIno;

@@ -107,7 +107,8 @@ export interface NativeTracer {
   /** `batch` is the addon's buffer, valid during the call only (reused for the next batch): copy what you keep. */
   start(onBatch: (batch: Uint8Array, count: number, channel: number) => void): void;
   stats(): NativeStats;
-  close(): void;
+  /** The last stats, once the programs are detached and the reader and listeners stopped (readerLostAtClose: what never reached JS); undefined when already closed. */
+  close(): NativeStats | undefined;
   /** Reads nftables trace messages in a namespace: batches of struct svt_nftrace. */
   /** As for `start`: `batch` is valid during the call only. */
   traceRules(netnsPath: string, onBatch: (batch: Uint8Array, count: number) => void): void;

@@ -185,11 +185,11 @@ export class Tracer {
     try {
       this.n.start(
         tap
-          ? (buf, _count, channel) => {
+          ? (buf, count, channel) => {
               tap(buf, channel);
-              this.deliver(buf, channel);
+              this.deliver(buf, channel, count);
             }
-          : (buf, _count, channel) => this.deliver(buf, channel),
+          : (buf, count, channel) => this.deliver(buf, channel, count),
       );
     } catch (e) {
       throw fromNativeError(e);
@@ -205,7 +205,17 @@ export class Tracer {
   private mergeTimer?: NodeJS.Timeout;
   private report: (e: unknown) => void = () => {};
 
-  private deliver(buf: Uint8Array, channel: number = Channel.RING): void {
+  private deliver(buf: Uint8Array, channel: number = Channel.RING, count = 0): void {
+    if (!this.native) {
+      // A batch that was on its way when the drain ran out of time: no
+      // sink takes it now. Counted as lost at shutdown, like what the ring
+      // still held.
+      if (this.lastStats) {
+        if (channel === Channel.NETLINK) this.lastStats.listenerLostAtClose += count;
+        else this.lastStats.readerLostAtClose += count;
+      }
+      return;
+    }
     this.batchCallbacks++;
     let batch: DecodedBatch;
     try {
@@ -226,9 +236,13 @@ export class Tracer {
    * forgotten before its own packets, still in the ring, arrive.
    */
   deliveredThrough(): bigint {
-    if (!this.native || this.ringIdle()) return monoNowNs();
+    if (!this.native) return this.closedRingTime ?? monoNowNs();
+    if (this.ringIdle()) return monoNowNs();
     return this.merge?.ringTime ?? 0n;
   }
+
+  /** Set at close when the ring still held records (the drain ran out of time): nothing after it arrived. */
+  private closedRingTime?: bigint;
 
   /** Everything the ring produced so far has reached JS. */
   private ringIdle(): boolean {
@@ -313,9 +327,15 @@ export class Tracer {
     } catch {
       // keep the previous snapshot
     }
+    try {
+      if (!this.ringIdle()) this.closedRingTime = this.merge?.ringTime ?? 0n;
+    } catch {
+      // no stats: judged as drained
+    }
     if (this.mergeTimer) clearInterval(this.mergeTimer);
     this.merge?.release(true);
-    this.native.close();
+    const last = this.native.close();
+    if (last) this.lastStats = { ...last, batchCallbacks: this.batchCallbacks, decodeErrors: this.decodeErrors };
     this.native = null;
     openTracers.delete(this);
   }

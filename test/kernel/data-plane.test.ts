@@ -290,4 +290,45 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
       tracer.close();
     }
   });
+
+  kernelTest('closed before JS caught up (a drain out of time): what never reached JS is counted as lost at shutdown, exactly', async () => {
+    const web = lab.service('web');
+    const tracer = Tracer.open({ ringBufferBytes: 1024 * 1024 });
+    let delivered = 0;
+    try {
+      tracer.setServices([parseServiceSpec(`${web.clusterIP}:80`)]);
+      tracer.attachNetns(lab.nodeNetns);
+      tracer.start((b) => {
+        delivered += b.events.length + b.stats.length;
+      });
+      const [cmd, ...args] = argvInNetns(lab.clientNetns, ['sh', '-c', `while :; do curl -s -o /dev/null --max-time 2 http://${web.clusterIP}/; done`]);
+      const load = spawn(cmd!, args, { stdio: 'ignore' });
+      const loadDone = new Promise((r) => load.once('exit', r));
+      let before = '';
+      try {
+        assert.ok(await waitFor(() => delivered > 0, 30_000), 'the first events arrived');
+        // A slow sink, then the stop: the reader holds back while JS is
+        // busy (batches queued for JS, records in the ring), and the
+        // tracer closes before JS had another turn.
+        Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 1000 * TIME_SCALE);
+        const st = tracer.stats();
+        before = JSON.stringify(st);
+        assert.ok(st.ringBacklogBytes > 0 || st.batchesInFlight > 0, `records were still on their way (${before})`);
+        tracer.close();
+      } finally {
+        load.kill();
+        await loadDone;
+      }
+      // Batches that were queued for JS land after the close: counted too.
+      await sleep(300);
+      const st = tracer.stats();
+      const counters = `delivered to JS: ${delivered}, before close: ${before}, last: ${JSON.stringify(st)}`;
+      assert.ok(st.readerLostAtClose > 0, `records were left at close (${counters})`);
+      // Every record the kernel wrote (none after the programs were detached)
+      // and every destroy the listener read reached JS or is counted lost.
+      assert.equal(delivered + st.readerLostAtClose + st.listenerLostAtClose, st.kernelEvents + st.ctDestroyEvents, counters);
+    } finally {
+      tracer.close();
+    }
+  });
 });

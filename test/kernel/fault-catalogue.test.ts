@@ -70,8 +70,30 @@ function undnatedFlows(out: string): string {
   return `${bad.length} of ${byFlow.size} traced flows never showed a backend` + bad.slice(0, 3).map(([id, evs]) => `\n  flow ${id}:${evs.map((e) => `\n    ${e.tsNs} ${e.summary}`).join('')}`).join('');
 }
 
+/**
+ * The events of up to three traced flows to `backend` that never showed a
+ * reply (no SEEN_REPLY, no reply packet counted): what a REPLY_PATH_BROKEN
+ * or other per-backend diagnosis the trace should not have said was judged on.
+ */
+function unansweredFlows(out: string, backend: string): string {
+  type Line = { flowId?: string; summary?: string; tsNs?: string; backend?: string; kind?: string; conntrack?: { statusNames?: string[] }; counters?: { packetsReply?: string } };
+  const byFlow = new Map<string, Line[]>();
+  const answered = new Set<string>();
+  const mine = new Set<string>();
+  for (const l of out.split('\n')) {
+    if (!l.startsWith('{') || l.startsWith('{"diagnosis"')) continue;
+    const e = JSON.parse(l) as Line;
+    if (!e.flowId) continue;
+    if (e.backend === backend) mine.add(e.flowId);
+    if (JSON.stringify(e.conntrack?.statusNames ?? []).includes('SEEN_REPLY') || Number(e.counters?.packetsReply ?? 0) > 0) answered.add(e.flowId);
+    (byFlow.get(e.flowId) ?? byFlow.set(e.flowId, []).get(e.flowId)!).push(e);
+  }
+  const bad = [...mine].filter((id) => !answered.has(id));
+  return `${bad.length} of ${mine.size} traced flows to ${backend} never showed a reply` + bad.slice(0, 3).map((id) => `\n  flow ${id}:${byFlow.get(id)!.map((e) => `\n    ${e.tsNs} ${e.kind} ${e.summary} ${JSON.stringify({ backend: e.backend, conntrack: e.conntrack, counters: e.counters })}`).join('')}`).join('');
+}
+
 /** `svctrace trace -o json` for `seconds`: the diagnoses it printed ({"diagnosis": ...} lines), and its output. */
-function traceCli(netns: string, target: string, seconds: number): { started: Promise<boolean>; done: Promise<Said[]>; out: () => string } {
+function traceCli(netns: string, target: string, seconds: number): { started: Promise<boolean>; done: Promise<Said[]>; out: () => string; err: () => string } {
   const t = spawn(process.execPath, [CLI, 'trace', '--netns', netns, '--service', target, '-o', 'json', '--duration', String(seconds)], { stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   let err = '';
@@ -85,7 +107,7 @@ function traceCli(netns: string, target: string, seconds: number): { started: Pr
       resolve(lines.map((l) => (JSON.parse(l) as { diagnosis: Said }).diagnosis));
     });
   });
-  return { started, done, out: () => out };
+  return { started, done, out: () => out, err: () => err };
 }
 
 const matrix: Array<{ mode: string; fault: Fault; cells: Record<FaultTool, Cell> }> = [];
@@ -123,7 +145,9 @@ for (const mode of MODES) {
       await lab?.down();
     });
 
-    const faults = [HEALTHY, ...FAULTS.filter((f) => f.modes.includes(mode) && (!ONLY || ONLY.includes(f.id)))];
+    // SVT_FAULT_REPEAT=n runs each chosen fault n times (a flaky one, in one lab).
+    const chosen = FAULTS.filter((f) => f.modes.includes(mode) && (!ONLY || ONLY.includes(f.id)));
+    const faults = [HEALTHY, ...Array.from({ length: Math.max(1, Number(process.env.SVT_FAULT_REPEAT) || 1) }, () => chosen).flat()];
     for (const fault of faults) {
       kernelTest(`${fault.id}: ${fault.symptom}`, async (t) => {
         if (unavailable) {
@@ -152,6 +176,12 @@ for (const mode of MODES) {
           observed = JSON.stringify(watched[0]?.observed?.backends.map((b) => ({ ...b, clients: b.clients.size, droppedBy: [...(b.droppedBy ?? [])], icmpBy: [...(b.icmpBy ?? [])] })));
           said.trace = await trace.done;
           if (said.trace.some((d) => d.code === 'RULES_MISSING') && !expected.trace.some((e) => e.code === 'RULES_MISSING')) observed += `\ntrace: ${undnatedFlows(trace.out())}`;
+          for (const d of said.trace) {
+            const backend = /^backend (\S+)$/.exec(d.object ?? '')?.[1];
+            if (backend && d.severity === 'error' && !expected.trace.some((e) => e.code === d.code && (!e.object || (d.object ?? '').includes(e.object)))) observed += `\ntrace, ${d.code}: ${unansweredFlows(trace.out(), backend)}`;
+          }
+          // Its warnings and summary (losses per stage, the ring's lag) go with any failure.
+          observed += `\ntrace's stderr (end): ${trace.err().slice(-1500)}`;
         } finally {
           await fault.remove(lab);
           await lab.flushNodeState();

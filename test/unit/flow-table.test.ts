@@ -8,6 +8,8 @@ import { parseServiceSpec } from '../../src/net/ipv4';
 import { svctrace } from '../../src/gen/svctrace';
 import { ctKeyOf, ev, orig, reply } from '../helpers/kernel-events';
 import { eventSummary } from '../../src/output/event-summary';
+import { observeFlows } from '../../src/explain/diagnose';
+import type { DiscoveredService } from '../../src/discovery/model';
 import { flowFailed, flowLine, formatSummary, stageLabel } from '../../src/output/flow-text';
 
 import pb = svctrace.v1;
@@ -315,6 +317,35 @@ describe('FlowTable', () => {
     const c = t.ingest([ev({ tsNs: 340n, kind: EventKind.DROP, ctBirth: 291, ctOrig: other, pkt: other, reason: 2 })]);
     assert.equal(c[0]!.flow.id, 3);
     assert.deepEqual(c[0]!.flow.orig, other);
+  });
+
+  it('a flow its counters say was answered is answered, though its reply events did not reach it (counters ahead of a lagging ring, an older entry\'s final counters)', () => {
+    const svc = { clusterIP: '10.96.0.100', port: 80 } as DiscoveredService;
+    // IPVS: the SYN's records carry no conntrack status yet (unconfirmed, no NAT bit), only the backend in the reply tuple.
+    const t = new FlowTable({ services: [parseServiceSpec('10.96.0.100:80')], closeGraceMs: 1000, deliveredThrough: () => 50n });
+    const a: Tuple = { ...orig, sport: 42100 };
+    const aReply: Tuple = { ...reply, dport: 42100 };
+    // Its final counters (netlink, ahead of the ring): the flow is made from them; its reply events are still in the ring.
+    const [made] = t.ingest([], [stats({ ctId: 'ffb1', orig: a, reply: aReply, reason: StatsReason.CLOSED, firstNs: 100n, lastNs: 400n, tsNs: 2400n, packets: [6, 4] })]);
+    assert.equal(made!.flow.dnat, true);
+    assert.ok(made!.flow.status & IPS_SEEN_REPLY, 'four reply packets counted: answered');
+    // Its SYN's record, older and without status, does not take the reply back.
+    t.ingest([ev({ tsNs: 100n, ctId: 'ffb1', ctBirth: ctBirthOf(100n), ctOrig: a, pkt: a, ctStatus: 0, ctReply: aReply })]);
+    assert.ok(made!.flow.status & IPS_SEEN_REPLY);
+    // A newer entry with the same tuple at another address holds it now (a port reused); the old entry's final
+    // counters, made a flow apart while the ring is behind, are answered too.
+    const b = { ...orig, sport: 42101 };
+    const bReply: Tuple = { ...reply, dport: 42101 };
+    t.ingest([ev({ tsNs: 3000n, ctId: 'ffb2', ctBirth: ctBirthOf(3000n), ctOrig: b, pkt: b, ctStatus: 0, ctReply: bReply })]);
+    t.ingest([], [stats({ ctId: 'ffb2', orig: b, reply: bReply, reason: StatsReason.REUSED, firstNs: 1000n, lastNs: 1200n, tsNs: 3000n, packets: [5, 3], delivered: false })]);
+    const apart = t.takeRetired().find((f) => f.firstTsNs === 1000n);
+    assert.ok(apart, 'the older entry, a flow of its own');
+    assert.ok(apart.status & IPS_SEEN_REPLY);
+    const seen = observeFlows(svc, [made!.flow, apart], 5);
+    assert.deepEqual(seen.backends.map((x) => [x.backend, x.flows, x.answered]), [['10.244.1.12:8080', 2, 2]]);
+    // Counters with no reply packet leave a flow unanswered.
+    const [silent] = t.ingest([], [stats({ ctId: 'ffb3', orig: { ...orig, sport: 42102 }, reply: { ...reply, dport: 42102 }, reason: StatsReason.CLOSED, firstNs: 100n, lastNs: 400n, tsNs: 2400n, packets: [3, 0] })]);
+    assert.equal(silent!.flow.status & IPS_SEEN_REPLY, 0);
   });
 
   it('an older entry\'s records that a lagging ring delivers after the newer entry\'s end make one ended flow of their own', () => {

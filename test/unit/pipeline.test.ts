@@ -10,6 +10,7 @@ import { parseNodePortSpec, parseServiceSpec } from '../../src/net/ipv4';
 import type { Flow, Ingested } from '../../src/flows/types';
 import type { DiscoveredService } from '../../src/discovery/model';
 import { IPS_SEEN_REPLY } from '../../src/events/conntrack';
+import { parseRouteGet } from '../../src/explain/node-state';
 
 describe('SinkSet', () => {
   it('a throwing sink is reported once and never stops the others', async () => {
@@ -202,6 +203,61 @@ describe('live diagnoses as evidence accumulates', () => {
     live.tick();
     live.stop();
     assert.deepEqual(said, []);
+  });
+
+  /** A Service with one endpoint, ip:8080. */
+  const serviceTo = (ip: string, source: DiscoveredService['source']): DiscoveredService => ({
+    name: 'default/web:http', namespace: 'default', service: 'web', portName: 'http', clusterIP: '10.96.0.100', port: 80, proto: 'tcp', nodePorts: [],
+    endpoints: [{ ip, port: 8080, probability: 1, chain: 'KUBE-SEP-X' }],
+    chain: 'KUBE-SVC-X', rejects: false, nodePortMasquerade: false, source,
+  });
+  const S = 1_000_000_000n;
+  /** A connection to ip:8080 whose SYN left at firstS seconds and got nothing back (so far). */
+  const unanswered = (ip: string, sport: number, firstS: bigint, over: Partial<Flow> = {}): Flow => ({
+    id: sport, key: sport, tupleIndexKey: '', service: '10.96.0.100:80/tcp', serviceId: 1, proto: 6, ctId: String(sport), ctBirth: 1, nodeNetnsIno: 1,
+    orig: { saddr: '10.250.0.2', daddr: '10.96.0.100', sport, dport: 80, proto: 6 },
+    reply: { saddr: ip, daddr: '10.250.0.2', sport: 8080, dport: sport, proto: 6 },
+    status: 0, tcpState: 1, dnat: true, masqueraded: false, packets: [1, 0], bytes: [60, 0], kernelDrops: 0, countersFinal: false,
+    firstTsNs: firstS * S, lastTsNs: firstS * S, closed: false, drops: [], reset: false, icmpErrors: [], rulePath: [], seen: [], countedOnly: false, ...over,
+  });
+
+  it('the last judgement waits for delivery too: a flow whose reply was still in the ring when the drain ran out of time is not judged', () => {
+    const said: string[] = [];
+    // The ring delivered through 10 s when the trace stopped.
+    const live = new LiveDiagnoser([serviceTo('10.244.1.10', 'ipvs')], (ds) => said.push(...ds.map((d) => `${d.code} ${d.summary}`)), 5000, true, undefined, () => 10n * S);
+    live.view = { holderOf: (ip) => `pod ${ip}`, routeOf: () => undefined, replyPathOf: () => undefined, tunnelOf: () => undefined };
+    // Stopped with the ring delivered through 10 s (its drain ran out of time): judged at that time, not the clock's.
+    // One retransmitted its SYN at 9.9 s: what came after (an answer?) is not known. One is silent since 1 s.
+    live.observe([{ flow: unanswered('10.244.1.10', 40_001, 7n, { lastTsNs: 9n * S + 900_000_000n }) } as Ingested, { flow: unanswered('10.244.1.10', 40_002, 1n) } as Ingested]);
+    live.stop();
+    assert.equal(said.length, 1, `${said}`);
+    assert.match(said[0]!, /^REPLY_PATH_BROKEN 1 of 1 connections/);
+  });
+
+  it('windows wait for the first look at the node (routes, reply paths): a verdict needs it', () => {
+    const said: string[] = [];
+    const live = new LiveDiagnoser([serviceTo('10.244.1.11', 'iptables')], (ds) => said.push(...ds.map((d) => d.code)), 5000, true, undefined, () => 20n * S);
+    live.waitingForView = true;
+    // Its SYN reached the pod, whose answers leave by another interface; the retransmitted SYN was dropped there.
+    const f = unanswered('10.244.1.11', 40_000, 1n, { lastTsNs: 2n * S, packets: [2, 0], drops: ['NOT_SPECIFIED'], kernelDrops: 1, masqueraded: true });
+    live.observe([{ flow: f } as Ingested]);
+    live.tick();
+    assert.deepEqual(said, [], 'no verdict before the node was looked at');
+    live.view = { holderOf: (ip) => `pod ${ip}`, routeOf: () => ({ ok: true, dev: 'cni0', src: '10.244.1.1' }), replyPathOf: () => ({ dev: 'other0', expected: 'eth0', netns: 'pod1' }), tunnelOf: () => undefined };
+    live.waitingForView = false;
+    live.tick();
+    assert.deepEqual(said, ['REPLY_PATH_BROKEN']);
+    live.stop();
+  });
+
+  it('a route lookup with no kernel answer is unknown, never "no route"', () => {
+    assert.deepEqual(parseRouteGet({ code: 0, stdout: '[{"dst":"10.244.1.10","dev":"cni0","prefsrc":"10.244.1.1","flags":[],"uid":0,"cache":[]}]', stderr: '' }), { ok: true, dev: 'cni0', gateway: undefined, src: '10.244.1.1' });
+    assert.deepEqual(parseRouteGet({ code: 2, stdout: '', stderr: 'RTNETLINK answers: Invalid argument\n' }), { ok: false, error: 'Invalid argument' });
+    assert.deepEqual(parseRouteGet({ code: 0, stdout: '[{"type":"unreachable","dst":"10.9.9.9"}]', stderr: '' }), { ok: false, error: 'unreachable' });
+    // Seen on a loaded node: exit 2, nothing printed; and empty output.
+    assert.equal(parseRouteGet({ code: 2, stdout: '', stderr: '' }), undefined);
+    assert.equal(parseRouteGet({ code: 0, stdout: '', stderr: '' }), undefined);
+    assert.equal(parseRouteGet({ code: 0, stdout: '[]', stderr: '' }), undefined);
   });
 
   it('a diagnosis is said at once, again when its numbers change (at most every 15 s), and again after a minute', (t) => {

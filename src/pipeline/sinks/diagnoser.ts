@@ -14,6 +14,8 @@ export function tracedServicesInRules(services: readonly ServiceSpec[], d: Disco
 
 /** Routes to backends and pod addresses change: looked up again this often. */
 const VIEW_REFRESH_MS = 30_000;
+/** At stop, the first lookup of the node's view is waited for at most this long. */
+const FIRST_VIEW_WAIT_MS = 5_000;
 
 /**
  * Starts diagnosing at once: the rules-based diagnoses are reported now
@@ -35,16 +37,23 @@ export function liveDiagnoserSink(
   live.addStanding(missing.flatMap((s) => diagnoseRules(undefined, s.text, discovery.masqueradeRule).map((d) => ({ ...d, service: s.text }))));
   // The node's state is extra evidence: without it, the traffic is still judged.
   const endpoints = services.flatMap((s) => s.endpoints.map((e) => ({ ip: e.ip, port: e.port, proto: s.proto })));
-  const look = () => backendView(netns, endpoints).then((v) => (live.view = v), () => undefined);
-  void look();
+  const look = () => backendView(netns, endpoints, live.view).then((v) => void (live.view = v), () => undefined);
+  live.waitingForView = true;
+  const first = look().finally(() => (live.waitingForView = false));
+  // A lookup that hangs (each command may take up to 20 s) holds no verdict for long.
+  setTimeout(() => (live.waitingForView = false), 3 * FIRST_VIEW_WAIT_MS).unref();
   const refresh = setInterval(() => void look(), VIEW_REFRESH_MS);
   refresh.unref();
   void conntrackPressure(netns).then((p) => live.addStanding(diagnoseConntrack(p).map((d) => ({ ...d, service: 'node' }))), () => undefined);
   return {
     name: 'diagnoser',
     write: (items) => live.observe(items),
-    close: () => {
+    close: async () => {
       clearInterval(refresh);
+      // The last judgement with the view, if it comes in reasonable time.
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([first, new Promise((r) => (timer = setTimeout(r, FIRST_VIEW_WAIT_MS)))]);
+      clearTimeout(timer);
       live.stop();
     },
   };
