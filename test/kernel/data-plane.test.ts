@@ -23,6 +23,7 @@ import { argvInNetns } from '../../src/netns/netns';
 import { Pipeline } from '../../src/pipeline/pipeline';
 import { Tracer } from '../../src/tracer/tracer';
 import { parseServiceSpec } from '../../src/net/ipv4';
+import { EventKind } from '../../src/events/layout';
 import { svctrace } from '../../src/gen/svctrace';
 
 import pb = svctrace.v1;
@@ -286,6 +287,36 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
       assert.equal(st.recordsRead, st.kernelEvents, counters());
       assert.equal(st.readerLostAtClose, 0);
       assert.ok(st.ringbufLost > 0, `the ring overflowed during the stall and the kernel counted it (${st.ringbufLost})`);
+    } finally {
+      tracer.close();
+    }
+  });
+
+  kernelTest('capture (record, --snaplen): each record carries the packet\'s first bytes from its IP header, at the hooks and at the devices', async () => {
+    const web = lab.service('web');
+    const SNAPLEN = 64;
+    const tracer = Tracer.open({ snaplen: SNAPLEN });
+    const events: Array<{ kind: number; pkt: { saddr: string; daddr: string }; capture?: Uint8Array }> = [];
+    try {
+      tracer.setServices([parseServiceSpec(`${web.clusterIP}:80`)]);
+      tracer.attachNetns(lab.nodeNetns);
+      tracer.start((b) => events.push(...b.events));
+      assert.ok((await lab.curl(`http://${web.clusterIP}/`, 'client')).ok);
+      const captured = (kind: number) => events.filter((e) => e.kind === kind && e.capture?.length);
+      await waitFor(() => captured(EventKind.NF).length > 0 && captured(EventKind.DEV_RECV).length > 0, 10_000);
+      const ip = (b: Uint8Array, o: number) => `${b[o]}.${b[o + 1]}.${b[o + 2]}.${b[o + 3]}`;
+      // A hook (the network header) and a device crossing (skb->data on receive): the two ways the length is found.
+      for (const kind of [EventKind.NF, EventKind.DEV_RECV]) {
+        const got = captured(kind);
+        assert.ok(got.length > 0, `kind ${kind}: records with packet bytes (${events.length} records)`);
+        for (const e of got) {
+          const c = e.capture!;
+          assert.equal(c[0]! >> 4, 4, 'an IPv4 header');
+          // All of the packet up to the snaplen: these are linear.
+          assert.equal(c.length, Math.min(SNAPLEN, (c[2]! << 8) | c[3]!), `kind ${kind}: captured length`);
+          assert.deepEqual([ip(c, 12), ip(c, 16)], [e.pkt.saddr, e.pkt.daddr], 'the packet the record is about');
+        }
+      }
     } finally {
       tracer.close();
     }
