@@ -18,6 +18,7 @@
 #include "errors.h"
 #include "netns.h"
 #include "probe.skel.h"
+#include "signals_held.h"
 
 namespace svt {
 
@@ -44,7 +45,11 @@ ProbeResult ProbeProgram(const std::function<bpf_program*(probe_bpf*)>& which,
   bpf_program* wanted = which(skel);
   bpf_program* p;
   bpf_object__for_each_program(p, skel->obj) bpf_program__set_autoload(p, p == wanted);
-  int err = probe_bpf__load(skel);
+  int err;
+  {
+    SignalsHeld held;  // a pending signal makes the verifier give up (EAGAIN)
+    err = probe_bpf__load(skel);
+  }
   if (err) {
     r.err = err;
     r.op = "load " + std::string(bpf_program__section_name(wanted));

@@ -16,6 +16,7 @@
 #include "events.h"
 #include "map_take.h"
 #include "netns.h"
+#include "signals_held.h"
 #include "svctrace.skel.h"
 
 namespace svt {
@@ -206,7 +207,11 @@ Napi::Value Tracer::Load(const Napi::CallbackInfo& info) {
   if (closed_) throw Napi::Error::New(info.Env(), "Tracer.load(): tracer is closed");
   if (loaded_) return info.Env().Undefined();
   ClearLibbpfLog();
-  int err = svctrace_bpf__load(skel_);
+  int err;
+  {
+    SignalsHeld held;
+    err = svctrace_bpf__load(skel_);
+  }
   if (err) ThrowErrno(info.Env(), "bpf_object__load", err);
   // Tracepoints (device crossings, drops, routing) and the fentry backend's
   // programs are global; the skeleton attaches them. Netfilter programs have

@@ -119,7 +119,8 @@ export function eventsFrame(ranges: readonly Uint8Array[]): Uint8Array {
   let total = 0;
   for (const r of ranges) total += r.byteLength;
   const header = frameHeader(total);
-  const frame = new Uint8Array(header.byteLength + total);
+  // Not zero-filled (new Uint8Array is): every byte is copied over below.
+  const frame = Buffer.allocUnsafe(header.byteLength + total);
   frame.set(header, 0);
   let o = header.byteLength;
   for (const r of ranges) {
