@@ -155,6 +155,7 @@ export interface ObservedBackend {
   resets: number;
   /** Packets carried by the busiest flow (connection reuse shows as a few flows with many requests). */
   maxPacketsPerFlow: number;
+  /** Client addresses, at most MAX_CLIENTS_PER_BACKEND of them. */
   clients: Set<string>;
   /** Unanswered flows with a kernel drop, by drop reason (the evidence of where they stopped). */
   droppedBy?: Map<string, number>;
@@ -565,7 +566,7 @@ export function diagnoseTraffic(svc: DiscoveredService, t: ObservedTraffic, view
         code: 'SKEWED_DISTRIBUTION', layer: 'rules', object: `service ${svc.name}`,
         severity: svc.affinitySeconds ? 'info' : 'warning',
         summary: svc.affinitySeconds
-          ? `new connections are unevenly spread, as sessionAffinity: ClientIP makes them (${t.backends.reduce((s, b) => s + b.clients.size, 0)} client addresses)`
+          ? `new connections are unevenly spread, as sessionAffinity: ClientIP makes them (${clientCount(t)} client addresses)`
           : `new connections are spread unevenly compared with the rules' probabilities (chi-square ${x2.toFixed(1)} > ${crit}, p < 0.001)`,
         evidence: withEndpoints.map((e, i) => `${e.ip}:${e.port}: ${observed[i]} of ${total} (expected ${(100 * e.probability).toFixed(1)}%)`),
       });
@@ -584,21 +585,52 @@ export function diagnoseTraffic(svc: DiscoveredService, t: ObservedTraffic, view
   return out;
 }
 
-/** What a set of flows to one service showed, per backend. */
-export function observeFlows(svc: DiscoveredService, flows: Flow[], seconds: number): ObservedTraffic {
-  const mine = flows.filter((f) => f.orig.daddr === svc.clusterIP && f.orig.dport === svc.port);
-  const byBackend = new Map<string, ObservedBackend>();
-  let notDnated = 0;
-  let masqueraded = 0;
-  for (const f of mine) {
+/** Client addresses seen, summed over backends ("at least" once a backend's count reached the cap). */
+function clientCount(t: ObservedTraffic): string {
+  const n = t.backends.reduce((s, b) => s + b.clients.size, 0);
+  return t.backends.some((b) => b.clients.size >= MAX_CLIENTS_PER_BACKEND) ? `at least ${n}` : String(n);
+}
+
+/** What a judgement reads of a flow (a live flow, or one the table already forgot). */
+export type ObservedFlow = Pick<Flow, 'orig' | 'reply' | 'dnat' | 'masqueraded' | 'status' | 'backendRefused' | 'drops' | 'replyDrops' | 'backendDropRule' | 'icmpErrors' | 'packets'>;
+
+/**
+ * Client addresses kept per backend (for the count sessionAffinity's skew
+ * quotes): a node serving many clients reports "at least" this many, and the
+ * observer's memory stays bounded whatever the number of flows.
+ */
+export const MAX_CLIENTS_PER_BACKEND = 1024;
+
+/**
+ * What the flows to one service showed, per backend, added up one flow at a
+ * time: the live diagnoser folds each flow in as it is judged and keeps no
+ * flow (a storm's flows, held until a window closed, were most of its heap).
+ */
+export class TrafficObserver {
+  private flows = 0;
+  private notDnated = 0;
+  private masqueraded = 0;
+  private readonly byBackend = new Map<string, ObservedBackend>();
+
+  constructor(readonly svc: DiscoveredService) {}
+
+  /** Whether the flow is to this service (its original destination). */
+  matches(f: ObservedFlow): boolean {
+    return f.orig.daddr === this.svc.clusterIP && f.orig.dport === this.svc.port;
+  }
+
+  /** Adds a flow to this service (others are ignored). */
+  add(f: ObservedFlow): void {
+    if (!this.matches(f)) return;
+    this.flows++;
     if (!f.dnat) {
-      notDnated++;
-      continue;
+      this.notDnated++;
+      return;
     }
-    if (f.masqueraded) masqueraded++;
+    if (f.masqueraded) this.masqueraded++;
     const key = `${f.reply.saddr}:${f.reply.sport}`;
-    let b = byBackend.get(key);
-    if (!b) byBackend.set(key, (b = { backend: key, flows: 0, answered: 0, resets: 0, maxPacketsPerFlow: 0, clients: new Set() }));
+    let b = this.byBackend.get(key);
+    if (!b) this.byBackend.set(key, (b = emptyBackend(key)));
     b.flows++;
     // Refused: reset in answer to the SYN. A reset after the handshake is an abort by a backend that listens (answered).
     if (f.backendRefused) b.resets++;
@@ -623,9 +655,64 @@ export function observeFlows(svc: DiscoveredService, flows: Flow[], seconds: num
       for (const w of f.replyDrops ?? []) if (w.startsWith('PKT_TOO_BIG at ')) (b.tooBigAt ??= new Set()).add(w.slice('PKT_TOO_BIG '.length));
     }
     b.maxPacketsPerFlow = Math.max(b.maxPacketsPerFlow, f.packets[0] + f.packets[1]);
-    b.clients.add(f.orig.saddr);
+    if (b.clients.size < MAX_CLIENTS_PER_BACKEND) b.clients.add(f.orig.saddr);
   }
-  return { seconds, flows: mine.length, notDnated, backends: [...byBackend.values()], masqueraded };
+
+  /** What was added, over `seconds`. */
+  observed(seconds: number): ObservedTraffic {
+    return { seconds, flows: this.flows, notDnated: this.notDnated, backends: [...this.byBackend.values()], masqueraded: this.masqueraded };
+  }
+}
+
+function emptyBackend(backend: string): ObservedBackend {
+  return { backend, flows: 0, answered: 0, resets: 0, maxPacketsPerFlow: 0, clients: new Set() };
+}
+
+/** What a set of flows to one service showed, per backend. */
+export function observeFlows(svc: DiscoveredService, flows: readonly ObservedFlow[], seconds: number): ObservedTraffic {
+  const o = new TrafficObserver(svc);
+  for (const f of flows) o.add(f);
+  return o.observed(seconds);
+}
+
+/** Several observations of one service as one, over `seconds` (the live diagnoser's last minute, from its windows). */
+export function mergeObserved(ts: readonly ObservedTraffic[], seconds: number): ObservedTraffic {
+  const byBackend = new Map<string, ObservedBackend>();
+  const out: ObservedTraffic = { seconds, flows: 0, notDnated: 0, backends: [], masqueraded: 0 };
+  const addCounts = (into: Map<string, number> | undefined, from: Map<string, number> | undefined) => {
+    if (!from) return into;
+    const m = into ?? new Map<string, number>();
+    for (const [k, n] of from) m.set(k, (m.get(k) ?? 0) + n);
+    return m;
+  };
+  const union = (into: Set<string> | undefined, from: Set<string> | undefined, max = Infinity) => {
+    if (!from) return into;
+    const s = into ?? new Set<string>();
+    for (const k of from) if (s.size < max) s.add(k);
+    return s;
+  };
+  for (const t of ts) {
+    out.flows += t.flows;
+    out.notDnated += t.notDnated;
+    out.masqueraded += t.masqueraded;
+    for (const b of t.backends) {
+      let m = byBackend.get(b.backend);
+      if (!m) byBackend.set(b.backend, (m = emptyBackend(b.backend)));
+      m.flows += b.flows;
+      m.answered += b.answered;
+      m.resets += b.resets;
+      m.maxPacketsPerFlow = Math.max(m.maxPacketsPerFlow, b.maxPacketsPerFlow);
+      union(m.clients, b.clients, MAX_CLIENTS_PER_BACKEND);
+      m.droppedBy = addCounts(m.droppedBy, b.droppedBy);
+      m.icmpBy = addCounts(m.icmpBy, b.icmpBy);
+      m.replyDroppedAt = addCounts(m.replyDroppedAt, b.replyDroppedAt);
+      m.dropRules = union(m.dropRules, b.dropRules);
+      m.tooBigAt = union(m.tooBigAt, b.tooBigAt);
+      if (b.tooBig) m.tooBig = (m.tooBig ?? 0) + b.tooBig;
+    }
+  }
+  out.backends = [...byBackend.values()];
+  return out;
 }
 
 /** The Kubernetes API (EndpointSlices) against this node's rules. */

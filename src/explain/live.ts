@@ -6,13 +6,19 @@
  * distribution over backends is a statistic, not an event: it is judged on
  * the flows of the last minute (a window of a slow or quiet Service holds
  * too few), so the evidence for a skew accumulates across windows.
+ *
+ * Memory: a flow is held only until it is judged (a sweep every second
+ * folds the flows old enough into the window's per-backend counts), and the
+ * last minute is kept as per-window counts, never as flows. In a storm,
+ * flows held until their window closed, and the last minute's flows, were
+ * most of `serve`'s heap: the flow table's cap bounded the table, not them.
  */
 import { DiscoveredService } from '../discovery/model';
 import type { Flow, Ingested } from '../flows/types';
 import { serviceLabel } from '../flows/service-ids';
 import { parseServiceSpec } from '../net/ipv4';
 import { IPS_SEEN_REPLY } from '../events/conntrack';
-import { BackendView, Diagnosis, diagnoseRuleConsistency, diagnoseRules, diagnoseTraffic, observeFlows } from './diagnose';
+import { BackendView, Diagnosis, diagnoseRuleConsistency, diagnoseRules, diagnoseTraffic, mergeObserved, ObservedTraffic, TrafficObserver } from './diagnose';
 
 export interface LiveDiagnosis extends Diagnosis {
   service: string;
@@ -60,21 +66,26 @@ const SETTLE_NS = 250_000_000n;
 function settled(f: Flow, deliveredNs: bigint): boolean {
   return (f.status & IPS_SEEN_REPLY) !== 0 || f.reset || !!f.backendReset || deliveredNs - f.lastTsNs >= SETTLE_NS;
 }
+/** Flows waiting for their judgement (a few seconds' worth; past it, new flows are not judged until there is room). */
 const MAX_PENDING = 20_000;
-/** The flows the distribution over backends is judged on: the last minute's, at most this many. */
+/** The flows the distribution over backends is judged on: the last minute's. */
 const DISTRIBUTION_HORIZON_NS = 60_000_000_000n;
-const MAX_RECENT = 5_000;
 /** Judged on the horizon's flows, not a window's. */
 const DISTRIBUTION_CODES = new Set(['SKEWED_DISTRIBUTION']);
+/** How often flows old enough are judged (folded into the window's counts). */
+const SWEEP_MS = 1000;
 
 export class LiveDiagnoser {
   private readonly lastSaid = new Map<string, { at: number; summary: string }>();
   private readonly timer: NodeJS.Timeout;
+  private readonly sweepTimer: NodeJS.Timeout;
   private pending = new Set<Flow>();
   /** Flows already judged: their later records (counters, a late drop) do not make them count twice. */
   private readonly judged = new WeakSet<Flow>();
-  /** Judged flows of the last DISTRIBUTION_HORIZON_NS, oldest first. */
-  private recent: Flow[] = [];
+  /** The flows judged since the last window closed, per service (same order as `services`). */
+  private window: TrafficObserver[];
+  /** The closed windows of the last DISTRIBUTION_HORIZON_NS, oldest first: per service, what they showed. */
+  private horizon: Array<{ atNs: bigint; observed: ObservedTraffic[] }> = [];
   /** The rules' diagnoses (and the node's, like conntrack pressure): in effect for the whole run. */
   private readonly fromRules: LiveDiagnosis[];
   /** The node's routes to backends and who holds their addresses (set once looked up). */
@@ -108,8 +119,11 @@ export class LiveDiagnoser {
     this.fromRules = initial;
     this.onActive?.(initial);
     this.emit(initial);
+    this.window = services.map((svc) => new TrafficObserver(svc));
     this.timer = setInterval(() => this.tick(), windowMs);
     this.timer.unref();
+    this.sweepTimer = setInterval(() => this.sweep(this.deliveredThrough()), SWEEP_MS);
+    this.sweepTimer.unref();
   }
 
   private tag(s: DiscoveredService, d: Diagnosis): LiveDiagnosis {
@@ -142,39 +156,53 @@ export class LiveDiagnoser {
     this.emit(ds);
   }
 
+  /** Flows held until their judgement. */
+  get heldFlows(): number {
+    return this.pending.size;
+  }
+
   /** Feeds the flows the tracer just saw. */
   observe(items: Ingested[]): void {
     for (const { flow } of items) if (this.pending.size < MAX_PENDING && !this.judged.has(flow)) this.pending.add(flow);
   }
 
-  /** One window: the flows old enough to judge, per service (nowNs: the delivered kernel time). */
-  tick(nowNs = this.deliveredThrough(), final = false): void {
-    if (this.waitingForView && !final) return;
-    const flows: Flow[] = [];
+  /**
+   * Judges the pending flows old enough (nowNs: the delivered kernel time):
+   * each is folded into the window's counts, and no longer held.
+   */
+  sweep(nowNs: bigint, final = false): void {
     for (const f of this.pending) {
       const age = nowNs - f.firstTsNs;
-      // The last tick waits for no more time, only for delivery: what is
+      // The last sweep waits for no more time, only for delivery: what is
       // old enough is judged, if the kernel's events reached us past it (a
       // drain that ran out of time at stop, on a slow node, left a flow's
       // reply in the ring: judged on its SYN alone, it was "unanswered").
-      if (final ? age >= GRACE_NS && settled(f, nowNs) : ((age >= UNDECIDED_GRACE_NS || (age >= GRACE_NS && decided(f))) && settled(f, nowNs))) {
-        flows.push(f);
+      if (final ? age >= GRACE_NS && settled(f, nowNs) : (age >= UNDECIDED_GRACE_NS || (age >= GRACE_NS && decided(f))) && settled(f, nowNs)) {
         this.pending.delete(f);
         this.judged.add(f);
+        for (const o of this.window) o.add(f);
       }
     }
-    this.recent.push(...flows);
+  }
+
+  /** One window: the flows judged since the last, per service (nowNs: the delivered kernel time). */
+  tick(nowNs = this.deliveredThrough(), final = false): void {
+    if (this.waitingForView && !final) return;
+    this.sweep(nowNs, final);
+    const windowS = this.windowMs / 1000;
+    const windows = this.window.map((o) => o.observed(windowS));
+    this.window = this.services.map((svc) => new TrafficObserver(svc));
+    this.horizon.push({ atNs: nowNs, observed: windows });
     const since = nowNs - DISTRIBUTION_HORIZON_NS;
-    let old = 0;
-    while (old < this.recent.length && this.recent[old]!.firstTsNs < since) old++;
-    this.recent.splice(0, Math.max(old, this.recent.length - MAX_RECENT));
+    while (this.horizon.length && this.horizon[0]!.atNs < since) this.horizon.shift();
     const out: LiveDiagnosis[] = [];
-    for (const s of this.services) {
-      const t = observeFlows(s, flows, this.windowMs / 1000);
-      if (t.flows) out.push(...diagnoseTraffic(s, t, this.view).filter((d) => !DISTRIBUTION_CODES.has(d.code)).map((d) => this.tag(s, d)));
-      const h = observeFlows(s, this.recent, Number(DISTRIBUTION_HORIZON_NS / 1_000_000_000n));
-      if (t.flows && h.flows) out.push(...diagnoseTraffic(s, h, this.view).filter((d) => DISTRIBUTION_CODES.has(d.code)).map((d) => this.tag(s, d)));
-    }
+    this.services.forEach((s, i) => {
+      const t = windows[i]!;
+      if (!t.flows) return;
+      out.push(...diagnoseTraffic(s, t, this.view).filter((d) => !DISTRIBUTION_CODES.has(d.code)).map((d) => this.tag(s, d)));
+      const h = mergeObserved(this.horizon.map((w) => w.observed[i]!), Number(DISTRIBUTION_HORIZON_NS / 1_000_000_000n));
+      if (h.flows) out.push(...diagnoseTraffic(s, h, this.view).filter((d) => DISTRIBUTION_CODES.has(d.code)).map((d) => this.tag(s, d)));
+    });
     this.onActive?.([...this.fromRules, ...out]);
     this.emit(out);
   }
@@ -182,6 +210,7 @@ export class LiveDiagnoser {
   /** Stops; the flows old enough to judge are judged first (a short trace still gets its diagnoses). */
   stop(): void {
     clearInterval(this.timer);
+    clearInterval(this.sweepTimer);
     this.tick(undefined, true);
   }
 }

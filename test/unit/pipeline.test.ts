@@ -11,6 +11,7 @@ import type { Flow, Ingested } from '../../src/flows/types';
 import type { DiscoveredService } from '../../src/discovery/model';
 import { IPS_SEEN_REPLY } from '../../src/events/conntrack';
 import { parseRouteGet } from '../../src/explain/node-state';
+import { mergeObserved, observeFlows } from '../../src/explain/diagnose';
 
 describe('SinkSet', () => {
   it('a throwing sink is reported once and never stops the others', async () => {
@@ -248,6 +249,47 @@ describe('live diagnoses as evidence accumulates', () => {
     live.tick();
     assert.deepEqual(said, ['REPLY_PATH_BROKEN']);
     live.stop();
+  });
+
+  it('a judged flow is not held: the diagnoser keeps per-backend counts, and a window reports every flow judged in it', () => {
+    const svc = serviceTo('10.244.1.10', 'iptables');
+    let delivered = 0n;
+    const said: string[] = [];
+    const live = new LiveDiagnoser([svc], (ds) => said.push(...ds.map((d) => `${d.code} ${d.summary}`)), 5000, true, undefined, () => delivered);
+    live.view = { holderOf: (ip) => `pod ${ip}`, routeOf: () => undefined, replyPathOf: () => undefined, tunnelOf: () => undefined };
+    // 300 unanswered connections, 100 a second: each is judged (and let go) by the sweep once 5 s old, before the window closes.
+    for (let s = 0; s < 3; s++) live.observe(Array.from({ length: 100 }, (_, i) => ({ flow: unanswered('10.244.1.10', 40_000 + s * 100 + i, BigInt(s)) }) as Ingested));
+    assert.equal(live.heldFlows, 300);
+    delivered = 6n * S;
+    live.sweep(delivered);
+    assert.equal(live.heldFlows, 100, 'the two oldest seconds were judged and let go');
+    delivered = 8n * S;
+    live.tick();
+    assert.equal(live.heldFlows, 0);
+    live.stop();
+    assert.equal(said.length, 1, `${said}`);
+    assert.match(said[0]!, /^REPLY_PATH_BROKEN 300 of 300 connections/);
+  });
+
+  it('windows merged give what their flows give together (the last minute is kept as counts)', () => {
+    const svc: DiscoveredService = { ...serviceTo('10.244.1.10', 'iptables'), endpoints: ['10.244.1.10', '10.244.1.11'].map((ip) => ({ ip, port: 8080, probability: 0.5, chain: 'KUBE-SEP-X' })) };
+    const flows: Flow[] = [];
+    for (let i = 0; i < 60; i++) {
+      const ip = i % 3 ? '10.244.1.10' : '10.244.1.11';
+      const over: Partial<Flow> =
+        i % 5 === 0 ? { status: IPS_SEEN_REPLY, packets: [i, i], orig: { saddr: `10.250.0.${i % 7}`, daddr: '10.96.0.100', sport: 40_000 + i, dport: 80, proto: 6 } }
+        : i % 5 === 1 ? { drops: ['NETFILTER_DROP', 'NETFILTER_DROP'], replyDrops: ['NETFILTER_DROP at eth0 in node'] }
+        : i % 5 === 2 ? { icmpErrors: ['port unreachable'], reset: true, backendReset: true, backendRefused: i % 2 === 0 }
+        : i % 5 === 3 ? { drops: ['PKT_TOO_BIG'], replyDrops: ['PKT_TOO_BIG at veth1 in node'], backendDropRule: 'filter INPUT drop' }
+        : { dnat: i % 2 === 0, masqueraded: true };
+      flows.push(unanswered(ip, 40_000 + i, 1n, over));
+    }
+    const whole = observeFlows(svc, flows, 60);
+    const parts = [flows.slice(0, 7), flows.slice(7, 31), [], flows.slice(31)].map((p) => observeFlows(svc, p, 5));
+    const merged = mergeObserved(parts, 60);
+    const byBackend = (t: typeof whole) => Object.fromEntries(t.backends.map((b) => [b.backend, { ...b, clients: [...b.clients].sort(), droppedBy: [...(b.droppedBy ?? [])].sort(), icmpBy: [...(b.icmpBy ?? [])].sort(), replyDroppedAt: [...(b.replyDroppedAt ?? [])].sort(), dropRules: [...(b.dropRules ?? [])].sort(), tooBigAt: [...(b.tooBigAt ?? [])].sort() }]));
+    assert.deepEqual({ ...merged, backends: byBackend(merged) }, { ...whole, backends: byBackend(whole) });
+    assert.ok(whole.flows === 60 && whole.notDnated > 0 && whole.masqueraded > 0 && whole.backends.length === 2);
   });
 
   it('a route lookup with no kernel answer is unknown, never "no route"', () => {
