@@ -248,6 +248,15 @@ describe('FlowTable', () => {
     const o2 = { ...orig, sport: 40001 };
     t.ingest([ev({ tsNs: 10n, ctId: 'ffff2', ctOrig: o2, pkt: o2, ctStatus: IPS_CONFIRMED, ctTcpState: 7 })]);
     assert.equal(t.summary().closed, 1);
+    // Flows start with one shared empty list for drops, ICMP errors, rule path and milestones: what one flow gets is its own.
+    const [first, second] = t.flows();
+    assert.deepEqual(first!.drops, ['NETFILTER_DROP', 'NETFILTER_DROP', 'NETFILTER_DROP']);
+    assert.deepEqual([second!.drops, second!.icmpErrors, second!.rulePath], [[], [], []]);
+    assert.notEqual(first!.seen, second!.seen);
+    const t2 = table();
+    const [withError] = t2.ingest([ev({ tsNs: 1n }), ev({ tsNs: 2n, dir: Dir.REPLY, pkt: { saddr: '10.244.1.1', daddr: '10.244.1.1', sport: 0, dport: 0, proto: 1 }, icmpType: 3, icmpCode: 3 })]);
+    const [other] = t2.ingest([ev({ tsNs: 3n, ctId: 'ffff3', ctOrig: { ...orig, sport: 40003 }, pkt: { ...orig, sport: 40003 } })]);
+    assert.deepEqual([withError!.flow.icmpErrors.length, other!.flow.icmpErrors, first!.icmpErrors], [1, [], []]);
   });
 
   it('expires closed flows after the grace period', () => {
