@@ -66,8 +66,12 @@ const SETTLE_NS = 250_000_000n;
 function settled(f: Flow, deliveredNs: bigint): boolean {
   return (f.status & IPS_SEEN_REPLY) !== 0 || f.reset || !!f.backendReset || deliveredNs - f.lastTsNs >= SETTLE_NS;
 }
-/** Flows waiting for their judgement (a few seconds' worth; past it, new flows are not judged until there is room). */
-const MAX_PENDING = 20_000;
+/**
+ * Flows waiting for their judgement: a few seconds' worth. Past it, new
+ * flows are not judged until there is room, and the window's traffic
+ * diagnoses say how many were left out (their counts are of the flows judged).
+ */
+export const MAX_PENDING = 20_000;
 /** The flows the distribution over backends is judged on: the last minute's. */
 const DISTRIBUTION_HORIZON_NS = 60_000_000_000n;
 /** Judged on the horizon's flows, not a window's. */
@@ -82,6 +86,10 @@ export class LiveDiagnoser {
   private pending = new Set<Flow>();
   /** Flows already judged: their later records (counters, a late drop) do not make them count twice. */
   private readonly judged = new WeakSet<Flow>();
+  /** Flows left unjudged because MAX_PENDING were waiting (each counted once). */
+  private readonly leftOut = new WeakSet<Flow>();
+  /** How many of them since the last window closed. */
+  private leftOutInWindow = 0;
   /** The flows judged since the last window closed, per service (same order as `services`). */
   private window: TrafficObserver[];
   /** The closed windows of the last DISTRIBUTION_HORIZON_NS, oldest first: per service, what they showed. */
@@ -163,7 +171,14 @@ export class LiveDiagnoser {
 
   /** Feeds the flows the tracer just saw. */
   observe(items: Ingested[]): void {
-    for (const { flow } of items) if (this.pending.size < MAX_PENDING && !this.judged.has(flow)) this.pending.add(flow);
+    for (const { flow } of items) {
+      if (this.judged.has(flow) || this.pending.has(flow)) continue;
+      if (this.pending.size < MAX_PENDING) this.pending.add(flow);
+      else if (!this.leftOut.has(flow)) {
+        this.leftOut.add(flow);
+        this.leftOutInWindow++;
+      }
+    }
   }
 
   /**
@@ -193,15 +208,23 @@ export class LiveDiagnoser {
     const windows = this.window.map((o) => o.observed(windowS));
     this.window = this.services.map((svc) => new TrafficObserver(svc));
     this.horizon.push({ atNs: nowNs, observed: windows });
+    const leftOut = this.leftOutInWindow;
+    this.leftOutInWindow = 0;
+    // Said with every traffic verdict of the window: its counts are of the flows judged, not of all.
+    const tagged = (s: DiscoveredService, d: Diagnosis) => {
+      const l = this.tag(s, d);
+      if (leftOut) l.evidence = [...l.evidence, `${leftOut} new flows of the traced services were not judged in this window: ${MAX_PENDING} were already waiting (the counts above are of the flows judged)`];
+      return l;
+    };
     const since = nowNs - DISTRIBUTION_HORIZON_NS;
     while (this.horizon.length && this.horizon[0]!.atNs < since) this.horizon.shift();
     const out: LiveDiagnosis[] = [];
     this.services.forEach((s, i) => {
       const t = windows[i]!;
       if (!t.flows) return;
-      out.push(...diagnoseTraffic(s, t, this.view).filter((d) => !DISTRIBUTION_CODES.has(d.code)).map((d) => this.tag(s, d)));
+      out.push(...diagnoseTraffic(s, t, this.view).filter((d) => !DISTRIBUTION_CODES.has(d.code)).map((d) => tagged(s, d)));
       const h = mergeObserved(this.horizon.map((w) => w.observed[i]!), Number(DISTRIBUTION_HORIZON_NS / 1_000_000_000n));
-      if (h.flows) out.push(...diagnoseTraffic(s, h, this.view).filter((d) => DISTRIBUTION_CODES.has(d.code)).map((d) => this.tag(s, d)));
+      if (h.flows) out.push(...diagnoseTraffic(s, h, this.view).filter((d) => DISTRIBUTION_CODES.has(d.code)).map((d) => tagged(s, d)));
     });
     this.onActive?.([...this.fromRules, ...out]);
     this.emit(out);

@@ -1,6 +1,6 @@
 import { describe, it } from 'node:test';
 import { staleMarkerTables } from '../../src/pipeline/rule-marker';
-import { LiveDiagnoser } from '../../src/explain/live';
+import { LiveDiagnoser, MAX_PENDING } from '../../src/explain/live';
 import assert from 'node:assert/strict';
 import { SinkSet, Sink } from '../../src/pipeline/sink';
 import { waitForStop } from '../../src/pipeline/lifecycle';
@@ -269,6 +269,23 @@ describe('live diagnoses as evidence accumulates', () => {
     live.stop();
     assert.equal(said.length, 1, `${said}`);
     assert.match(said[0]!, /^REPLY_PATH_BROKEN 300 of 300 connections/);
+  });
+
+  it('flows left unjudged because the diagnoser was full are counted, once each, in the window\'s verdicts', () => {
+    let delivered = 0n;
+    const said: Array<{ summary: string; evidence: string[] }> = [];
+    const live = new LiveDiagnoser([serviceTo('10.244.1.10', 'iptables')], (ds) => said.push(...ds), 5000, true, undefined, () => delivered);
+    live.view = { holderOf: (ip) => `pod ${ip}`, routeOf: () => undefined, replyPathOf: () => undefined, tunnelOf: () => undefined };
+    const flows = Array.from({ length: MAX_PENDING + 5 }, (_, i) => unanswered('10.244.1.10', 1024 + i, 0n));
+    live.observe(flows.map((flow) => ({ flow }) as Ingested));
+    live.observe(flows.slice(-5).map((flow) => ({ flow }) as Ingested)); // their later records: not counted again
+    assert.equal(live.heldFlows, MAX_PENDING);
+    delivered = 6n * S;
+    live.tick();
+    assert.equal(said.length, 1);
+    assert.match(said[0]!.summary, new RegExp(`^${MAX_PENDING} of ${MAX_PENDING} connections`));
+    assert.ok(said[0]!.evidence.some((e) => e.startsWith('5 new flows of the traced services were not judged in this window')), `${said[0]!.evidence}`);
+    live.stop();
   });
 
   it('windows merged give what their flows give together (the last minute is kept as counts)', () => {
