@@ -65,7 +65,7 @@ export interface PipelineOptions {
   detailRate?: number;
   /** Show the kube-proxy rule path of each new connection (default true; nftables tracing needs nft). */
   ruleTrace?: boolean;
-  /** How long a closed flow stays in the table (default 5 s). */
+  /** How long a closed flow stays in the table, by delivered kernel time (default 2 s: FlowTableOptions.closeGraceMs). */
   closeGraceMs?: number;
   /** At most this many flows are kept (default 20k). */
   maxFlows?: number;
