@@ -53,6 +53,16 @@ export async function runStage(stage: Stage, total: number): Promise<StageResult
   let server: StreamServer | undefined;
   let clientCount = 0;
   let invalidFrames = 0;
+  // The wait below sleeps until something may have changed (a batch
+  // handled, the client's count, a 1 ms tick for the loss counters): a wait
+  // that spun on setImmediate kept a core busy, one that the reader thread
+  // and the client process need on these 2-core machines.
+  let waiter: (() => void) | undefined;
+  const wakeWaiter = () => {
+    const w = waiter;
+    waiter = undefined;
+    w?.();
+  };
   let child: ReturnType<typeof fork> | undefined;
   try {
     tracer.load();
@@ -64,6 +74,7 @@ export async function runStage(stage: Stage, total: number): Promise<StageResult
         if (m.ready) ready = true;
         if (typeof m.received === 'number') clientCount = m.received;
         if (typeof m.invalid === 'number') invalidFrames = m.invalid;
+        wakeWaiter();
       });
       if (!(await waitUntil(() => ready || child!.exitCode !== null, 10_000))) throw new Error('WebSocket counter did not connect within 10 s');
       if (!ready) throw new Error(`WebSocket counter exited (${child.exitCode})`);
@@ -72,19 +83,17 @@ export async function runStage(stage: Stage, total: number): Promise<StageResult
     tracer.start((buf, count) => {
       if (stage === 'native') {
         arrived += count;
-        return;
+      } else {
+        const batch = decodeBatch(buf);
+        if (stage === 'decode') {
+          arrived += batch.events.length;
+        } else {
+          const items = table.ingest(batch.events, batch.stats);
+          if (stage === 'flows') arrived += items.length;
+          else server!.publishItems(items);
+        }
       }
-      const batch = decodeBatch(buf);
-      if (stage === 'decode') {
-        arrived += batch.events.length;
-        return;
-      }
-      const items = table.ingest(batch.events, batch.stats);
-      if (stage === 'flows') {
-        arrived += items.length;
-        return;
-      }
-      server!.publishItems(items);
+      wakeWaiter();
     });
     const done = () => (stage === 'websocket' ? clientCount : arrived);
     const lost = () => {
@@ -95,13 +104,13 @@ export async function runStage(stage: Stage, total: number): Promise<StageResult
     // Events accounted for: arrived, or counted lost by the tracer or the hub.
     // Waiting on arrivals alone hangs forever once one event is dropped. The
     // loss counters (a call into the addon, a walk of the hub's clients) are
-    // read at most once a millisecond: read on every turn of the wait they
+    // read at most every 10 ms (a stall is 3 s): read on every turn of the wait they
     // were 5% of the main thread the stage measures.
     let lossSeen = 0;
     let lossReadAt = 0;
     const accounted = () => {
       const now = performance.now();
-      if (now - lossReadAt >= 1) {
+      if (now - lossReadAt >= 10) {
         const l = lost();
         lossSeen = l.ringbuf + l.reader + l.hubClient;
         lossReadAt = now;
@@ -117,7 +126,13 @@ export async function runStage(stage: Stage, total: number): Promise<StageResult
       let lastAt = Date.now();
       while (last < target) {
         if (Date.now() - lastAt > STALL_MS || Date.now() > stageEnd) return !(stalled = true);
-        await new Promise((r) => setImmediate(r));
+        await new Promise<void>((r) => {
+          const tick = setTimeout(wakeWaiter, 1);
+          waiter = () => {
+            clearTimeout(tick);
+            r();
+          };
+        });
         const a = accounted();
         if (a !== last) {
           last = a;

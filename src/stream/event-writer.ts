@@ -16,6 +16,9 @@ interface LongLike {
 
 const TWO_32 = 4294967296;
 
+/** What a writer holds after takeFrom gave its buffer away. */
+const EMPTY = Buffer.alloc(0);
+
 export class EventWriter {
   private buf: Buffer;
   /** The same bytes, for copies four at a time (rawRange, copyTail). */
@@ -75,6 +78,31 @@ export class EventWriter {
     return copy;
   }
 
+  /**
+   * Starts again from empty in a buffer of its own of `bytes` (never a slice
+   * of Node's shared pool), for output whose size is known closely
+   * beforehand and handed over whole by takeFrom.
+   */
+  resetOwned(bytes: number): void {
+    this.buf = Buffer.allocUnsafeSlow(Math.max(64, bytes));
+    this.view = new DataView(this.buf.buffer, this.buf.byteOffset, this.buf.byteLength);
+    this.reset();
+  }
+
+  /**
+   * What was written from `start` on, without a copy: the buffer goes with
+   * it, and the writer starts over from an empty one (a write grows it).
+   * The bytes handed over keep the whole buffer alive (their
+   * `buffer.byteLength`).
+   */
+  takeFrom(start: number): Uint8Array {
+    const taken = this.buf.subarray(start, this.len);
+    this.buf = EMPTY;
+    this.view = new DataView(EMPTY.buffer, EMPTY.byteOffset, 0);
+    this.reset();
+    return taken;
+  }
+
   /** A copy of what was written (the buffer is reused). */
   finish(): Uint8Array {
     return Uint8Array.prototype.slice.call(this.buf, 0, this.len);
@@ -92,7 +120,7 @@ export class EventWriter {
 
   private room(n: number): void {
     if (this.len + n <= this.buf.length) return;
-    let size = this.buf.length * 2;
+    let size = Math.max(64, this.buf.length * 2);
     while (size < this.len + n) size *= 2;
     const next = Buffer.allocUnsafe(size);
     this.buf.copy(next, 0, 0, this.len);

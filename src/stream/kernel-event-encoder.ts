@@ -81,8 +81,9 @@ class WireSlot {
   ctAt = -1;
   ctLen = 0;
   ctId = '';
-  ctOrigAt = -1;
-  ctReplyAt = -1;
+  /** Which kept tuples the conntrack run was made with. */
+  ctOrigIdx = 0;
+  ctReplyIdx = 0;
   /** Backend and the backend's namespace. */
   readonly tail = new Run<string | undefined, string | undefined>();
 
@@ -107,11 +108,14 @@ class WireSlot {
   findTuple(t: Tuple): number {
     const keys = this.keys;
     for (let i = 0; i < this.tuples; i++) {
-      const k = keys[i]!;
-      if (k.sport === t.sport && k.dport === t.dport && k.saddr === t.saddr && k.daddr === t.daddr && k.proto === t.proto) return i;
+      if (sameTupleAs(keys[i]!, t)) return i;
     }
     return -1;
   }
+}
+
+function sameTupleAs(k: Tuple, t: Tuple): boolean {
+  return k.sport === t.sport && k.dport === t.dport && k.saddr === t.saddr && k.daddr === t.daddr && k.proto === t.proto;
 }
 
 const slots: WireSlot[] = [];
@@ -180,13 +184,12 @@ function writeHead(w: EventWriter, slot: WireSlot, flowId: number, service: stri
 
 /** Conntrack's id, original and reply tuples. */
 function writeCtHead(w: EventWriter, slot: WireSlot, id: string, orig: Tuple, reply: Tuple): void {
-  if (slot.ctAt >= 0 && slot.ctId === id) {
-    const o = slot.findTuple(orig);
-    const r = slot.findTuple(reply);
-    if (o >= 0 && r >= 0 && slot.tupleAt[o] === slot.ctOrigAt && slot.tupleAt[r] === slot.ctReplyAt) {
-      w.rawRange(slot.slab, slot.ctAt, slot.ctLen, slot.view);
-      return;
-    }
+  // The run is copied when made of this id and these tuples: the tuples it
+  // was made with are compared, not looked up (a slot's kept tuples never
+  // move until the slot is claimed again, which resets ctAt).
+  if (slot.ctAt >= 0 && slot.ctId === id && sameTupleAs(slot.keys[slot.ctOrigIdx]!, orig) && sameTupleAs(slot.keys[slot.ctReplyIdx]!, reply)) {
+    w.rawRange(slot.slab, slot.ctAt, slot.ctLen, slot.view);
+    return;
   }
   const start = w.len;
   str(w, Tag.C_ID, id);
@@ -197,8 +200,8 @@ function writeCtHead(w: EventWriter, slot: WireSlot, id: string, orig: Tuple, re
   slot.ctAt = at;
   slot.ctLen = w.len - start;
   slot.ctId = id;
-  slot.ctOrigAt = origAt;
-  slot.ctReplyAt = replyAt;
+  slot.ctOrigIdx = slot.findTuple(orig);
+  slot.ctReplyIdx = slot.findTuple(reply);
 }
 
 /** Backend and the backend's namespace (set once DNAT and the pod are known). */

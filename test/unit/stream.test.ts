@@ -10,7 +10,7 @@ import fs from 'node:fs';
 import net from 'node:net';
 import WebSocket from 'ws';
 import { StreamServer } from '../../src/stream/server';
-import { eventsFrame, encodeEvents, serverFrame } from '../../src/stream/frames';
+import { eventsFrame, encodeEvents, frameMemory, serverFrame } from '../../src/stream/frames';
 import { SvctraceError } from '../../src/errors';
 import { svctrace } from '../../src/gen/svctrace';
 import { connect } from '../../src/client/node';
@@ -48,6 +48,21 @@ describe('frames', () => {
       assert.deepEqual(Buffer.from(batch.frame), Buffer.from(eventsFrame([batch.bytes])), `${n} events`);
       assert.equal(batch.bytes.buffer, batch.frame.buffer, 'the bytes are a view of the frame');
       assert.equal(pb.ServerMessage.decode(batch.frame).events?.events?.length ?? 0, n);
+    }
+  });
+
+  it('a batch\'s frame is its own buffer: encoding the next batches leaves it intact, and the memory it keeps is near its size', () => {
+    const first = encodeEvents(Array.from({ length: 500 }, (_, i) => makeEvent(i)));
+    const copy = Buffer.from(first.frame);
+    const later = [10, 3000, 1, 500].map((n) => encodeEvents(Array.from({ length: n }, (_, i) => makeEvent(10_000 + i, { summary: 'y'.repeat(i % 50) }))));
+    assert.deepEqual(Buffer.from(first.frame), copy, 'the first frame is unchanged');
+    for (const b of [first, ...later]) {
+      assert.notEqual(b.frame.buffer, copy.buffer);
+      assert.ok(later.every((x) => x === b || x.frame.buffer !== b.frame.buffer), 'no two frames share a buffer');
+      const memory = frameMemory(b.frame);
+      assert.ok(memory >= b.frame.byteLength);
+      // Sized from the batches before it, with a quarter more; one event more than the estimate grows it (a batch of 1: the floor).
+      if (b.count >= 500) assert.ok(memory <= b.frame.byteLength * 2, `${memory} bytes kept for a frame of ${b.frame.byteLength}`);
     }
   });
 
