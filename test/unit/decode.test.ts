@@ -46,29 +46,39 @@ describe('decodeBatch', () => {
     assert.equal(none.ctId, '');
   });
 
-  it('addresses and nf_conn ids stay their own past the caches\' size (slots shared by many values)', () => {
+  it('addresses and nf_conn ids stay their own past the caches\' size (tuples too) (slots shared by many values)', () => {
     // 12,000 addresses and ids, twice around: more than the caches have
     // slots, so values share slots and replace each other; each one must
     // still decode to its own text, the second time round too.
     const n = 12_000;
     const records: Buffer[] = [];
-    const want: Array<{ daddr: string; ctId: string }> = [];
+    const want: Array<{ pkt: object; ctId: string }> = [];
     for (let round = 0; round < 2; round++) {
       for (let i = 0; i < n; i++) {
-        const addr = [10 + (i % 7), (i >> 8) & 255, i & 255, (i * 13) & 255];
+        // A quarter each differ from one another in the client port, the
+        // source address, the destination address, or all of it.
+        const g = i % 4;
+        const varied = [10 + (i % 7), (i >> 8) & 255, i & 255, (i * 13) & 255];
+        const saddr = g === 1 || g === 3 ? varied : [10, 244, 1, 1];
+        const daddr = g === 2 || g === 3 ? varied : [10, 96, 0, 100];
+        const sport = g === 0 || g === 3 ? 1024 + i : 45278;
+        const proto = i % 3 ? 6 : 17;
         // Ids 256 bytes apart (slab objects), and pairs that differ only in
         // bits 53-63 (one key for both: the text is checked against the whole address).
         const id = (i % 2 ? 0x7fff888800000000n : 0xffff888800000000n) + BigInt(i >> 1) * 256n;
-        const b = record({ daddr: addr });
+        const b = record({ daddr, dport: 80 });
+        Buffer.from(saddr).copy(b, F.pkt[0]);
+        b.writeUInt16BE(sport, F.pkt[0] + 8);
+        b.writeUInt8(proto, F.pkt[0] + 12);
         b.writeBigUInt64LE(id, F.ct_id[0]);
         records.push(b);
-        want.push({ daddr: addr.join('.'), ctId: id.toString(16) });
+        want.push({ pkt: { saddr: saddr.join('.'), daddr: daddr.join('.'), sport, dport: 80, proto }, ctId: id.toString(16) });
       }
     }
     const evs = decodeBatch(Buffer.concat(records)).events;
     assert.equal(evs.length, want.length);
     for (let i = 0; i < evs.length; i++) {
-      assert.equal(evs[i]!.pkt.daddr, want[i]!.daddr, `record ${i}`);
+      assert.deepEqual(evs[i]!.pkt, want[i]!.pkt, `record ${i}`);
       assert.equal(evs[i]!.ctId, want[i]!.ctId, `record ${i}`);
     }
   });
