@@ -46,7 +46,7 @@ describe('decodeBatch', () => {
     assert.equal(none.ctId, '');
   });
 
-  it('addresses and nf_conn ids stay their own past the caches\' size (tuples too) (slots shared by many values)', () => {
+  it('addresses, tuples and nf_conn ids decode to their own values past the caches\' size (slots shared by many values)', () => {
     // 12,000 addresses and ids, twice around: more than the caches have
     // slots, so values share slots and replace each other; each one must
     // still decode to its own text, the second time round too.
