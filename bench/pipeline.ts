@@ -18,6 +18,7 @@ import { FlowTable } from '../src/flows/flow-table';
 import { parseServiceSpec } from '../src/net/ipv4';
 import { StreamServer } from '../src/stream/server';
 import { fmt, table, waitUntil, withDeadline, writeResult } from './common';
+import { cpuBetween, MAIN_THREAD, threadCpu } from './thread-cpu';
 
 const BURST = 16384;
 const FLOWS = 1000;
@@ -40,6 +41,14 @@ interface StageResult {
   lost: { ringbuf: number; reader: number; hubClient: number };
   /** Emitted but neither arrived nor counted lost when the stage gave up waiting. */
   unaccounted: number;
+  /**
+   * CPU per event arrived, ns, while events flowed: this process's JS thread
+   * and all its threads (the kernel source runs on the JS thread, as the C
+   * baseline's runs on its consumer's). On these shared machines a rate
+   * moves by a third from run to run with the neighbours' load; CPU spent
+   * per event much less, so two trees compare on it.
+   */
+  cpuNsPerEvent: { jsThread: number; process: number };
 }
 
 function lostTotal(s: StageResult): number {
@@ -117,6 +126,7 @@ export async function runStage(stage: Stage, total: number): Promise<StageResult
       }
       return done() + lossSeen;
     };
+    const cpu0 = threadCpu();
     const t0 = process.hrtime.bigint();
     const stageEnd = Date.now() + STAGE_MS;
     let lastProgress = process.hrtime.bigint();
@@ -151,6 +161,7 @@ export async function runStage(stage: Stage, total: number): Promise<StageResult
       emitted += n;
     }
     await waitAccounted(emitted);
+    const cpu = cpuBetween(cpu0, threadCpu());
     if (invalidFrames) throw new Error(`the WebSocket client received ${invalidFrames} frames that are not ServerMessages of Events`);
     const seconds = Number(lastProgress - t0) / 1e9;
     const l = lost();
@@ -163,6 +174,10 @@ export async function runStage(stage: Stage, total: number): Promise<StageResult
       eventsPerSecond: got / seconds,
       lost: l,
       unaccounted: Math.max(0, total - got - l.ringbuf - l.reader - l.hubClient),
+      cpuNsPerEvent: {
+        jsThread: got ? ((cpu.get(MAIN_THREAD) ?? 0) * 1e9) / got : NaN,
+        process: got ? ([...cpu.values()].reduce((a, b) => a + b, 0) * 1e9) / got : NaN,
+      },
     };
   } finally {
     tracer.close();
@@ -187,17 +202,19 @@ export async function benchPipeline(opts: { quick: boolean }): Promise<object> {
   for (const s of ['native', 'decode', 'flows', 'websocket'] as Stage[]) stages.push(await runStage(s, total));
   const label = { native: 'addon -> JS callback', decode: '+ decode', flows: '+ flow model', websocket: '+ encode + WebSocket client' };
   const rows = [
-    'error' in base ? ['C consumer (baseline)', `failed: ${base.error}`, '', '', ''] : ['C consumer (baseline)', fmt(base.eventsPerSecond), '100%', fmt(total * 2 - base.lost), String(base.lost)],
+    'error' in base ? ['C consumer (baseline)', `failed: ${base.error}`, '', '', '', '', ''] : ['C consumer (baseline)', fmt(base.eventsPerSecond), '100%', '', '', fmt(total * 2 - base.lost), String(base.lost)],
     ...stages.map((s) => [
       `node: ${label[s.stage]}`,
       fmt(s.eventsPerSecond),
       `${((100 * s.eventsPerSecond) / baseRate).toFixed(1)}%`,
+      fmt(s.cpuNsPerEvent.jsThread),
+      fmt(s.cpuNsPerEvent.process),
       fmt(s.arrived),
       lostTotal(s) ? `${fmt(lostTotal(s))} (ring ${s.lost.ringbuf}, reader ${s.lost.reader}, hub ${s.lost.hubClient}, unaccounted ${s.unaccounted})` : '0',
     ]),
   ];
   console.log(`\nPipeline throughput (${fmt(total)} events, ${FLOWS} flows, bursts of ${BURST})`);
-  console.log(table(['chain', 'events/s', 'of baseline', 'arrived', 'lost'], rows));
+  console.log(table(['chain', 'events/s', 'of baseline', 'JS thread ns/event', 'process ns/event', 'arrived', 'lost'], rows));
   const result = { total, baseline: base, stages };
   console.log(`-> ${writeResult('pipeline', result)}`);
   return result;

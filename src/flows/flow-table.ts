@@ -484,7 +484,8 @@ export class FlowTable implements FlowTableView {
   private ingestOne(e: KernelEvent): Ingested | undefined {
     const f = this.flowFor(e);
     if (!f) return undefined;
-    const pending = this.pendingTraces.get(f.tupleIndexKey);
+    // (Most of the time none wait: no lookup per event then.)
+    const pending = this.pendingTraces.size ? this.pendingTraces.get(f.tupleIndexKey) : undefined;
     if (pending && !f.rulePath.length) {
       this.pendingTraces.delete(f.tupleIndexKey);
       const r = this.attachRuleTrace(f, pending.traces);
