@@ -43,6 +43,11 @@ volatile __u32 svt_have_nodeports = 0;
  */
 volatile __u64 svt_active_flows = 0;
 
+/* Destroys owed in svt_stale_destroys (user space takes one off as it
+ * consumes one). Zero: the addon's destroy handler skips that map's lookup,
+ * one syscall per destroy. Counts the LRU forgets make it too high (safe). */
+volatile __u64 svt_stale_owed = 0;
+
 /* Emit every packet at every hook (--all-packets, for evidence) instead of
  * the transitions. Counting in svt_flow_state happens either way. */
 const volatile __u32 targ_all_packets = 0;
@@ -291,6 +296,7 @@ static __always_inline void owe_stale_destroy(const struct svt_tuple *orig)
 {
 	__u32 one = 1, *pending = bpf_map_lookup_elem(&svt_stale_destroys, orig);
 
+	__sync_fetch_and_add(&svt_stale_owed, 1);
 	if (pending)
 		__sync_fetch_and_add(pending, 1);
 	else
@@ -617,6 +623,10 @@ static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_
 			__sync_fetch_and_add(&st->bytes[dir & 1], SVT_LOAD(probed, skb, len));
 			st->last_ns = now;
 			st->tcp_flags[dir & 1] |= facts.tcp_flags;
+			/* After the counters: a packet counted while its end's
+			 * record is being written clears the mark either way. */
+			if (st->end_sent)
+				st->end_sent = 0;
 			svt_count(SVT_CNT_PACKETS);
 		}
 		/* Reporting state, not counters: a race between CPUs costs at
@@ -674,10 +684,15 @@ static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_
 			 * still shows where it went). */
 			st->reply = reply;
 			/* A counted-only flow's first record, so that user space
-			 * knows it from its start, its backend with it. */
+			 * knows it from its start, its backend with it. Not for
+			 * TCP: its end (SVT_STATS_ENDED), or its first periodic
+			 * record if it lasts (a SYN resent after 1 s included),
+			 * tells the same a moment later; on a busy node most
+			 * connections last milliseconds, and this was one record
+			 * in three to user space for each. */
 			if (st->counted_only) {
 				svt_count(SVT_CNT_FLOWS_COUNTED_ONLY);
-				if (emit_flow_stats((__u64)ct, st, SVT_STATS_PERIODIC))
+				if (orig.proto != IPPROTO_TCP && emit_flow_stats((__u64)ct, st, SVT_STATS_PERIODIC))
 					st->delivered = 1;
 			}
 		}
@@ -710,9 +725,19 @@ static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_
 		}
 	}
 	if (st && counting && (ended || now - st->last_report_ns >= targ_stats_interval_ns)) {
+		/* A counted-only connection's end is its final account: marked
+		 * before the copy, so a packet counted meanwhile unmarks it. */
+		bool final = ended && st->counted_only;
+
 		st->last_report_ns = now;
-		if (emit_flow_stats((__u64)ct, st, SVT_STATS_PERIODIC) && !st->delivered)
-			st->delivered = 1;
+		if (final)
+			st->end_sent = 1;
+		if (emit_flow_stats((__u64)ct, st, final ? SVT_STATS_ENDED : SVT_STATS_PERIODIC)) {
+			if (!st->delivered)
+				st->delivered = 1;
+		} else if (final) {
+			st->end_sent = 0;
+		}
 	}
 	return NF_ACCEPT;
 }

@@ -49,23 +49,36 @@ bool SameTuple(const svt_tuple& a, const svt_tuple& b) {
   return a.saddr == b.saddr && a.daddr == b.daddr && a.sport == b.sport && a.dport == b.dport && a.proto == b.proto;
 }
 
+// One off a count the BPF side adds to (memory-mapped .bss), never below zero.
+void Decrement(volatile unsigned long long* count) {
+  if (!count) return;
+  unsigned long long cur = __atomic_load_n(count, __ATOMIC_RELAXED);
+  while (cur > 0 && !__atomic_compare_exchange_n(count, &cur, cur - 1, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+}
+
 }  // namespace
 
 CtListener::CtListener(Napi::Env env, const std::string& netns_path, unsigned long netns_ino,
                        std::shared_ptr<const ServiceSet> services, int flows_map_fd, int state_map_fd,
-                       int stale_destroys_fd, volatile unsigned long long* active_flows)
+                       int stale_destroys_fd, volatile unsigned long long* active_flows,
+                       volatile unsigned long long* stale_owed)
     : NetlinkListener(env, netns_path, NFNLGRP_CONNTRACK_DESTROY),
       netns_ino_(netns_ino),
       services_(std::move(services)),
       flows_map_fd_(flows_map_fd),
       state_map_fd_(state_map_fd),
       stale_destroys_fd_(stale_destroys_fd),
-      active_flows_(active_flows) {}
+      active_flows_(active_flows),
+      stale_owed_(stale_owed) {}
 
 // True when a destroy of this original tuple is still owed to an entry the
 // kernel saw replaced by a new one with the same tuple (svt_stale_destroys);
 // takes one off the count.
 bool CtListener::ConsumeStaleDestroy(const svt_tuple& orig) {
+  // None owed (the kernel's count): no lookup. Almost always, on a node
+  // whose clients do not reuse a port within conntrack's TIME_WAIT.
+  if (stale_owed_ && __atomic_load_n(stale_owed_, __ATOMIC_RELAXED) == 0) return false;
   __u32 pending = 0;
   if (bpf_map_lookup_elem(stale_destroys_fd_, &orig, &pending) != 0 || pending == 0) return false;
   if (pending == 1) {
@@ -74,15 +87,33 @@ bool CtListener::ConsumeStaleDestroy(const svt_tuple& orig) {
     pending--;
     bpf_map_update_elem(stale_destroys_fd_, &orig, &pending, BPF_EXIST);
   }
+  Decrement(stale_owed_);
   return true;
 }
 
-// One registered flow fewer in the kernel's count (never below zero).
-void CtListener::ForgetActiveFlow() {
-  if (!active_flows_) return;
-  unsigned long long cur = __atomic_load_n(active_flows_, __ATOMIC_RELAXED);
-  while (cur > 0 && !__atomic_compare_exchange_n(active_flows_, &cur, cur - 1, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+// Deletes those of `keys` in the wire-tuple registry (a flow's four, of
+// which two are the same when nothing was translated); true when keys[0]
+// was there. One syscall for all of them where the kernel has batch
+// deletes: a destroy took eight syscalls, on a thread that handles every
+// connection's end. A batch stops at a missing key; the rest go on.
+bool CtListener::DeleteFlowRefs(const svt_tuple* keys, unsigned n) {
+  bool first = false;
+  unsigned i = 0;
+  while (batch_delete_ && i < n) {
+    __u32 count = n - i;
+    int err = bpf_map_delete_batch(flows_map_fd_, keys + i, &count, nullptr);
+    if (i == 0 && count > 0) first = true;
+    if (err == 0) return first;
+    if (errno != ENOENT) {
+      // Not a missing key: no batch deletes here (before 5.6), one by one.
+      if (errno == EINVAL || errno == kKernelEnotsupp || errno == EOPNOTSUPP) batch_delete_ = false;
+      break;
+    }
+    i += count + 1;  // keys[i + count] was not there
   }
+  for (; i < n; i++)
+    if (bpf_map_delete_elem(flows_map_fd_, &keys[i]) == 0 && i == 0) first = true;
+  return first;
 }
 
 void CtListener::Handle(const nlmsghdr* nlh) {
@@ -116,36 +147,41 @@ void CtListener::Handle(const nlmsghdr* nlh) {
       // state and wire tuples found through it are that entry's now. The
       // old one's end was reported when it was replaced (SVT_STATS_REUSED);
       // it still leaves the active flows.
-      ForgetActiveFlow();
+      Decrement(active_flows_);
       return;
     }
     // The flow's final counters: its kernel address comes from the wire
     // tuple registry; the state's own tuple guards against a reused address.
     svt_flow_ref ref;
+    bool told = false;
     if (bpf_map_lookup_elem(flows_map_fd_, &e.ct_orig, &ref) == 0) {
       e.ct_id = ref.ct_id;
       svt_flow_stats r = {};
       __u64 key = ref.ct_id;
       if (bpf_map_lookup_elem(state_map_fd_, &key, &r.c) == 0 && SameTuple(r.c.orig, e.ct_orig) &&
           TakeMapElem(state_map_fd_, &key, &r.c) == 0) {
-        r.kind = SVT_EV_FLOW_STATS;
-        r.size = sizeof(r);
-        r.ts_ns = e.ts_ns;
-        r.ct_id = key;
-        r.reason = SVT_STATS_CLOSED;
-        Emit(&r, sizeof(r));
+        // A counted-only connection whose end the kernel already reported,
+        // with no packet since: its account is complete, and it reports no
+        // transitions, so its destroy adds nothing. (Two records fewer per
+        // connection on a busy node, where most are counted only.)
+        told = r.c.counted_only && r.c.end_sent;
+        if (!told) {
+          r.kind = SVT_EV_FLOW_STATS;
+          r.size = sizeof(r);
+          r.ts_ns = e.ts_ns;
+          r.ct_id = key;
+          r.reason = SVT_STATS_CLOSED;
+          Emit(&r, sizeof(r));
+        }
       }
     }
-    Emit(&e, sizeof(e));
+    if (!told) Emit(&e, sizeof(e));
     // The flow is gone: forget its wire tuples in the kernel, and count it
     // out of the active flows (never below zero) if it was registered.
-    svt_tuple t;
-    if (bpf_map_delete_elem(flows_map_fd_, &e.ct_orig) == 0) ForgetActiveFlow();
-    bpf_map_delete_elem(flows_map_fd_, &e.ct_reply);
-    ReverseInto(&t, e.ct_orig);
-    bpf_map_delete_elem(flows_map_fd_, &t);
-    ReverseInto(&t, e.ct_reply);
-    bpf_map_delete_elem(flows_map_fd_, &t);
+    svt_tuple keys[4] = {e.ct_orig, e.ct_reply};
+    ReverseInto(&keys[2], e.ct_orig);
+    ReverseInto(&keys[3], e.ct_reply);
+    if (DeleteFlowRefs(keys, 4)) Decrement(active_flows_);
   }
 }
 

@@ -5,7 +5,8 @@
 // It also forgets the flow's wire tuples in the BPF svt_flows map, and takes
 // the flow's in-kernel counters out of svt_flow_state: they are the flow's
 // final account, delivered as a svt_flow_stats record (SVT_STATS_CLOSED)
-// just before the destroy event.
+// just before the destroy event. A counted-only connection whose end the
+// kernel reported (SVT_STATS_ENDED) with no packet since gets neither.
 #pragma once
 
 #include <linux/types.h>
@@ -22,23 +23,27 @@ namespace svt {
 
 class CtListener : public NetlinkListener {
  public:
-  // `active_flows` is the BPF program's svt_active_flows (memory-mapped .bss).
+  // `active_flows` and `stale_owed` are the BPF program's svt_active_flows
+  // and svt_stale_owed (memory-mapped .bss).
   CtListener(Napi::Env env, const std::string& netns_path, unsigned long netns_ino,
              std::shared_ptr<const ServiceSet> services, int flows_map_fd, int state_map_fd,
-             int stale_destroys_fd, volatile unsigned long long* active_flows);
+             int stale_destroys_fd, volatile unsigned long long* active_flows,
+             volatile unsigned long long* stale_owed);
 
  protected:
   void Handle(const nlmsghdr* nlh) override;
 
  private:
   bool ConsumeStaleDestroy(const svt_tuple& orig);
-  void ForgetActiveFlow();
+  bool DeleteFlowRefs(const svt_tuple* keys, unsigned n);
   unsigned long netns_ino_;
   std::shared_ptr<const ServiceSet> services_;
   int flows_map_fd_;
   int state_map_fd_;
   int stale_destroys_fd_;
   volatile unsigned long long* active_flows_;
+  volatile unsigned long long* stale_owed_;
+  bool batch_delete_ = true;  // the kernel takes BPF_MAP_DELETE_BATCH (Linux >= 5.6)
 };
 
 }  // namespace svt

@@ -107,6 +107,7 @@ Napi::Value Layout(const Napi::CallbackInfo& info) {
   SVT_FIELD(fc, svt_flow_counters, delivered);
   SVT_FIELD(fc, svt_flow_counters, reply);
   SVT_FIELD(fc, svt_flow_counters, counted_only);
+  SVT_FIELD(fc, svt_flow_counters, end_sent);
   out.Set("svt_flow_counters", StructLayout(env, sizeof(svt_flow_counters), fc));
 
   Napi::Object fs = Napi::Object::New(env);
@@ -148,6 +149,7 @@ Napi::Value Layout(const Napi::CallbackInfo& info) {
   consts.Set("STATS_CLOSED", Napi::Number::New(env, SVT_STATS_CLOSED));
   consts.Set("STATS_REUSED", Napi::Number::New(env, SVT_STATS_REUSED));
   consts.Set("STATS_EXPIRED", Napi::Number::New(env, SVT_STATS_EXPIRED));
+  consts.Set("STATS_ENDED", Napi::Number::New(env, SVT_STATS_ENDED));
   out.Set("consts", consts);
   return out;
 }

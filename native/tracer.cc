@@ -288,7 +288,8 @@ Napi::Value Tracer::AttachNetfilter(const Napi::CallbackInfo& info) {
   // Conntrack DESTROY events of this namespace: how flows are seen to end.
   auto listener = std::make_unique<CtListener>(env, path, NetnsInode(path), services_, bpf_map__fd(skel_->maps.svt_flows),
                                                bpf_map__fd(skel_->maps.svt_flow_state),
-                                               bpf_map__fd(skel_->maps.svt_stale_destroys), &skel_->bss->svt_active_flows);
+                                               bpf_map__fd(skel_->maps.svt_stale_destroys), &skel_->bss->svt_active_flows,
+                                               &skel_->bss->svt_stale_owed);
 
   if (backend_ != kBackendNetfilter) {
     // The programs already run everywhere; they start reporting this

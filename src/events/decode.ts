@@ -70,7 +70,7 @@ export interface FlowStatsRecord {
   ctId: string;
   /** The same address as a number, as KernelEvent.ctKey. */
   ctKey: number;
-  /** enum svt_stats_reason (StatsReason): periodic, closed, reused, expired. */
+  /** enum svt_stats_reason (StatsReason): periodic, closed, reused, expired, ended. */
   reason: number;
   /** Per direction: [original, reply]. */
   packets: [number, number];

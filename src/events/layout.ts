@@ -87,6 +87,7 @@ export const FLOW_COUNTERS = {
     delivered: [103, 1],
     reply: [104, 16],
     counted_only: [120, 1],
+    end_sent: [121, 1],
   },
 } as const;
 
@@ -105,7 +106,7 @@ export const FLOW_STATS = {
 } as const;
 
 /** enum svt_stats_reason: why a flow's counters were reported. */
-export const StatsReason = { PERIODIC: 0, CLOSED: 1, REUSED: 2, EXPIRED: 3 } as const;
+export const StatsReason = { PERIODIC: 0, CLOSED: 1, REUSED: 2, EXPIRED: 3, ENDED: 4 } as const;
 
 /** Which native source a batch came from (native/batch_sink.h Channel). */
 export const Channel = { RING: 0, NETLINK: 1 } as const;

@@ -166,6 +166,7 @@ export class FlowTable implements FlowTableView {
     // The entry is gone: destroyed, or replaced by a new one (whose destroy
     // is then not reported), or older than the entry now at its address.
     // (Expired state is only idle: it may go on.)
+    // (A counted-only connection's end, ENDED, is its TCP state's: see stateFromCounters.)
     if ((r.reason === StatsReason.CLOSED || r.reason === StatsReason.REUSED || detached) && !f.closed) {
       f.closed = true;
       f.closedTsNs = r.tsNs;
@@ -708,4 +709,5 @@ const STATS_REASON_NAMES: Record<number, string> = {
   [StatsReason.CLOSED]: 'closed',
   [StatsReason.REUSED]: 'reused',
   [StatsReason.EXPIRED]: 'expired',
+  [StatsReason.ENDED]: 'ended',
 };

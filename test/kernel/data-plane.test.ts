@@ -162,8 +162,13 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
       const truth = () => ct.text().split('\n').map(parseDestroy).filter((x): x is CtCounters => x?.proto === 'tcp');
       assert.ok(await reapUntil(lab, () => truth().length >= n, 15_000), `conntrack -E saw the ${n} connections end (${truth().length}):\n${ct.text()}`);
       assert.ok(await waitFor(() => truth().every((k) => !!log.flowByClientPort(k.sport)?.countersFinal), 5000), 'every connection has a flow with its final counters');
+      // Every destroy handled by the addon (each takes its flow out of the
+      // kernel's active count), and what it had to say delivered.
+      assert.ok(await waitFor(() => p.stats().activeFlows === 0, 5000), `every destroy reached the addon (${p.stats().activeFlows} flows active)`);
+      await sleep(300);
       const pods = new Set(lab.pods.map((pod) => pod.ip));
       let countedOnly = 0;
+      let quietDestroys = 0;
       for (const k of truth()) {
         const f = log.flowByClientPort(k.sport)!;
         // Exact, detailed or not: the kernel counts every packet either way.
@@ -179,7 +184,15 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
           assert.ok(kinds.has(pb.EventKind.EVENT_KIND_FLOW_STATS), `a counted-only flow has its counter records (port ${k.sport})`);
           for (const kind of [pb.EventKind.EVENT_KIND_FLOW_STATS, pb.EventKind.EVENT_KIND_CT_DESTROY, pb.EventKind.EVENT_KIND_DROP]) kinds.delete(kind);
           assert.deepEqual([...kinds], [], `a counted-only flow has no hook, route or device events (port ${k.sport})`);
-          assert.ok(log.eventsOf(f).filter((e) => e.counters).every((e) => e.counters?.countedOnly), 'its counter records say so');
+          const counters = log.eventsOf(f).filter((e) => e.counters);
+          assert.ok(counters.every((e) => e.counters?.countedOnly), 'its counter records say so');
+          // Its end comes from the kernel, final, the moment conntrack saw
+          // it (TIME_WAIT); the destroy two minutes later (2 s here) tells
+          // nothing more unless a packet was counted after that end.
+          const reasons = counters.map((e) => e.counters!.reason);
+          assert.ok(counters.some((e) => e.counters!.reason === 'ended' && e.counters!.final), `port ${k.sport}: its end is reported by the kernel (${reasons})`);
+          if (log.eventsOf(f).some((e) => e.kind === pb.EventKind.EVENT_KIND_CT_DESTROY)) assert.equal(reasons.at(-1), 'closed', `port ${k.sport}: a destroy after its end comes with new counters (${reasons})`);
+          else quietDestroys++;
         } else {
           assert.ok(kinds.has(pb.EventKind.EVENT_KIND_NETFILTER) && kinds.has(pb.EventKind.EVENT_KIND_DEV_XMIT), `a detailed flow has its hook and device events (port ${k.sport})`);
         }
@@ -187,6 +200,7 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
       const cpus = (await import('node:os')).cpus().length;
       assert.ok(n - countedOnly >= 1, 'the budget gave at least one flow its detail');
       assert.ok(countedOnly >= Math.max(1, n - cpus * 8), `${countedOnly} of ${n} counted only: at most one detailed flow per CPU and second went out`);
+      assert.ok(quietDestroys >= 1, `a counted-only connection's destroy adds no record when its end said it all (${quietDestroys} of ${countedOnly})`);
       assert.equal(p.stats().flowsCountedOnly, countedOnly, 'the kernel counted as many counted-only flows as the model shows');
       assert.equal(p.flows.summary().countedOnly, countedOnly, 'and the summary says so');
     } finally {

@@ -51,7 +51,7 @@ describe('event ABI parity (bpf/events.h vs src/events/layout.ts)', () => {
     assert.deepEqual({ RING: native.consts.CHANNEL_RING, NETLINK: native.consts.CHANNEL_NETLINK }, { ...Channel });
     assert.equal(native.consts.STATS_INTERVAL_MS, DEFAULT_STATS_INTERVAL_MS);
     assert.deepEqual(
-      { PERIODIC: native.consts.STATS_PERIODIC, CLOSED: native.consts.STATS_CLOSED, REUSED: native.consts.STATS_REUSED, EXPIRED: native.consts.STATS_EXPIRED },
+      { PERIODIC: native.consts.STATS_PERIODIC, CLOSED: native.consts.STATS_CLOSED, REUSED: native.consts.STATS_REUSED, EXPIRED: native.consts.STATS_EXPIRED, ENDED: native.consts.STATS_ENDED },
       { ...StatsReason },
     );
   });

@@ -108,16 +108,26 @@ describe('FlowTable', () => {
     assert.equal(answered!.flow.tcpState, 7);
     assert.equal(answered!.flow.closed, true);
     assert.equal(answered!.flow.closedTsNs, 900n);
+    // A counted-only connection known only by its end (the kernel writes no
+    // first record for TCP, and its destroy adds none): one record makes it
+    // whole, closed, with final counters.
+    const endOnly: Tuple = { ...orig, saddr: '10.250.0.2', sport: 41103 };
+    const [ended] = t.ingest([], [stats({ ctId: 'ffa4', orig: endOnly, reply: natted, countedOnly: true, delivered: false, tcpFlags: [0x1b, 0x1b], packets: [6, 5], tcpState: 7, reason: StatsReason.ENDED, tsNs: 950n })]);
+    assert.equal(ended!.flow.closed, true);
+    assert.equal(ended!.flow.countersFinal, true);
+    assert.equal(ended!.flow.backend, '10.244.1.12:8080');
+    assert.equal(ended!.event.counters?.reason, 'ended');
+    assert.equal(ended!.event.counters?.final, true);
     // A flow not DNATed (reply is the original reversed) has no backend.
     const b: Tuple = { ...orig, saddr: '10.250.0.2', sport: 41101 };
     const [plain] = t.ingest([], [stats({ ctId: 'ffa2', orig: b, reply: { saddr: b.daddr, daddr: b.saddr, sport: b.dport, dport: b.sport, proto: 6 }, countedOnly: true, delivered: false })]);
     assert.equal(plain!.flow.dnat, false);
     assert.equal(plain!.flow.masqueraded, false);
     const s = t.summary();
-    assert.equal(s.countedOnly, 3);
+    assert.equal(s.countedOnly, 4);
     assert.equal(s.resets, 1);
-    assert.deepEqual(s.perBackend, { '10.244.1.12:8080': 2 });
-    assert.match(formatSummary(s, { recordsRead: 0, ctDestroyEvents: 0, packetsCounted: 0 } as never), /3 of them counted only, over the detail budget/);
+    assert.deepEqual(s.perBackend, { '10.244.1.12:8080': 3 });
+    assert.match(formatSummary(s, { recordsRead: 0, ctDestroyEvents: 0, packetsCounted: 0 } as never), /4 of them counted only, over the detail budget/);
     assert.match(flowLine(f), /counted only/);
     // A detailed flow's counters never turn it into a counted-only one, and its own NAT view stays.
     const d = table();
