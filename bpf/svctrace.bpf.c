@@ -1091,6 +1091,13 @@ static __always_inline int observe_drop(struct sk_buff *skb, __u32 reason, const
 			return 0;
 	}
 
+	/* A counted-only TCP flow has no record before its end (see
+	 * observe_nf): its counters go first, so that user space knows the flow
+	 * by its entry's tuples before this drop, found through the registry
+	 * inside the pod, tells it only the packet's. */
+	if (st && st->counted_only && !st->delivered && emit_flow_stats(flow_key, st, SVT_STATS_PERIODIC))
+		st->delivered = 1;
+
 	e = svt_reserve(SVT_EV_DROP);
 	if (!e)
 		return 0;
