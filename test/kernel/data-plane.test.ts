@@ -189,7 +189,10 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
       let exact = 0;
       for (const k of truth()) {
         const f = log.flowByClientPort(k.sport)!;
-        if (f.kernelDrops === 0) {
+        // (Some guests also free every closing socket's last segment as a
+        // drop: only a dropped SYN tells a resent one.)
+        const lostSyn = log.eventsOf(f).some((e) => e.kind === pb.EventKind.EVENT_KIND_DROP && e.tcpFlags === 'SYN');
+        if (!lostSyn) {
           // Exact, detailed or not: the kernel counts every packet either way.
           assert.deepEqual(f.packets, k.packets, `port ${k.sport} packets [orig, reply]: svctrace ${f.packets} vs conntrack ${k.packets}`);
           assert.deepEqual(f.bytes, k.bytes, `port ${k.sport} bytes: svctrace ${f.bytes} vs conntrack ${k.bytes}`);
@@ -220,7 +223,7 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
           assert.ok(counters.some((e) => e.counters!.reason === 'ended' && e.counters!.final), `port ${k.sport}: its end is reported by the kernel (${reasons})`);
           if (log.eventsOf(f).some((e) => e.kind === pb.EventKind.EVENT_KIND_CT_DESTROY)) assert.equal(reasons.at(-1), 'closed', `port ${k.sport}: a destroy after its end comes with new counters (${reasons})`);
           else quietDestroys++;
-          if (log.eventsOf(f).some((e) => e.kind === pb.EventKind.EVENT_KIND_DROP)) droppedFirst++;
+          if (lostSyn) droppedFirst++;
         } else {
           assert.ok(kinds.has(pb.EventKind.EVENT_KIND_NETFILTER) && kinds.has(pb.EventKind.EVENT_KIND_DEV_XMIT), `a detailed flow has its hook and device events (port ${k.sport})`);
         }
@@ -230,7 +233,7 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
       assert.ok(countedOnly >= Math.max(1, n - cpus * 8), `${countedOnly} of ${n} counted only: at most one detailed flow per CPU and second went out`);
       assert.ok(quietDestroys >= 1, `a counted-only connection's destroy adds no record when its end said it all (${quietDestroys} of ${countedOnly})`);
       assert.ok(droppedFirst >= 1, `a counted-only connection lost a SYN inside the pod (${droppedFirst}), and is still one flow`);
-      assert.ok(exact >= n / 2, `${exact} of ${n} connections lost nothing, and have exactly conntrack's counters`);
+      assert.ok(exact >= n / 2, `${exact} of ${n} connections lost no SYN, and have exactly conntrack's counters`);
       assert.equal(p.stats().flowsCountedOnly, countedOnly, 'the kernel counted as many counted-only flows as the model shows');
       assert.equal(p.flows.summary().countedOnly, countedOnly, 'and the summary says so');
     } finally {
