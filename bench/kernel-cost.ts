@@ -159,34 +159,44 @@ export async function benchKernelCost(opts: { quick: boolean }): Promise<object>
 }
 
 /**
- * Kernel time per short connection of two built trees (this one and
- * `otherRoot`), their pipelines taking turns on one lab, `rounds` x 3 s
- * each: what a change to the BPF programs buys, side by side in one run.
- * Each tree loads its own addon, and so its own programs.
+ * Kernel time and svctrace's user-space CPU per short connection of two
+ * built trees (this one and `otherRoot`), their pipelines taking turns on
+ * one lab, `rounds` x 3 s each: what a change buys, side by side in one
+ * run. Each tree loads its own addon, and so its own programs. Every flow
+ * in detail unless `detailRate` says otherwise (undefined: the default
+ * budget, where most flows of a busy service are counted only).
  */
-export async function compareTrees(otherRoot: string, rounds: number): Promise<void> {
+export async function compareTrees(otherRoot: string, rounds: number, detailRate: number | undefined = 0): Promise<void> {
   const roots = [path.resolve(__dirname, '..', '..'), path.resolve(otherRoot)];
   const trees = roots.map((root) => {
     const { Pipeline: P } = require(path.join(root, 'dist/src/pipeline/pipeline.js')) as { Pipeline: typeof Pipeline };
     return { root, Pipeline: P, ...newCost() };
   });
   await withStatsLab(async (lab) => {
-    for (let r = 0; r < rounds; r++) for (const t of trees) await measureRun(lab, t.Pipeline, '10.96.0.100:80', 'short', 3, t, 0);
+    for (let r = 0; r < rounds; r++) for (const t of r % 2 ? [...trees].reverse() : trees) await measureRun(lab, t.Pipeline, '10.96.0.100:80', 'short', 3, t, detailRate);
   });
   const names = [...new Set(trees.flatMap((t) => [...t.progs.keys()]))].sort();
   const per = (t: (typeof trees)[number], name?: string) =>
     fmt((name ? t.progs.get(name)?.ns ?? 0 : [...t.progs.values()].reduce((n, s) => n + s.ns, 0)) / t.requests);
-  console.log(`Kernel time per short connection, ns, tracing this service with every flow in detail (${rounds} x 3 s each, taking turns)`);
+  const how = detailRate === 0 ? 'with every flow in detail' : detailRate === undefined ? 'at the default detail budget' : `at --detail-rate ${detailRate}`;
+  console.log(`Kernel time per short connection, ns, tracing this service ${how} (${rounds} x 3 s each, taking turns)`);
   console.log(table(['program', ...trees.map((t) => path.basename(t.root))], [...names.map((n) => [n, ...trees.map((t) => per(t, n))]), ['total', ...trees.map((t) => per(t))], ['connections', ...trees.map((t) => fmt(t.requests))]]));
+  // The same runs' user-space CPU, thread by thread (see benchKernelCost).
+  const roles = [...new Set(trees.flatMap((t) => [...t.user.keys()]))].sort();
+  const userPer = (t: (typeof trees)[number], role?: string) => fmt(((role ? t.user.get(role) ?? 0 : [...t.user.values()].reduce((n, x) => n + x, 0)) * 1e9) / t.requests);
+  console.log(`svctrace's threads, CPU per short connection, ns (same runs)`);
+  console.log(table(['thread', ...trees.map((t) => path.basename(t.root))], [...roles.map((r) => [r, ...trees.map((t) => userPer(t, r))]), ['total', ...trees.map((t) => userPer(t))]]));
 }
 
 if (require.main === module) {
-  const [otherRoot, roundsArg] = process.argv.slice(2);
-  if (!otherRoot) {
-    console.error('usage: node dist/bench/kernel-cost.js OTHER_CHECKOUT [ROUNDS]  (as root; OTHER_CHECKOUT: a built tree to compare this one with, side by side)');
+  const args = process.argv.slice(2);
+  const budget = args.includes('--default-budget');
+  const [otherRoot, roundsArg] = args.filter((a) => a !== '--default-budget');
+  if (!otherRoot || (roundsArg !== undefined && !(Number(roundsArg) > 0))) {
+    console.error('usage: node dist/bench/kernel-cost.js OTHER_CHECKOUT [ROUNDS] [--default-budget]  (as root; OTHER_CHECKOUT: a built tree to compare this one with, side by side; every flow in detail unless --default-budget)');
     process.exit(2);
   }
-  compareTrees(otherRoot, Number(roundsArg) || 4).then(
+  compareTrees(otherRoot, Number(roundsArg) || 4, budget ? undefined : 0).then(
     () => process.exit(0),
     (e) => {
       console.error(`kernel-cost: ${e instanceof Error ? e.message : String(e)}`);
