@@ -162,11 +162,15 @@ export async function benchKernelCost(opts: { quick: boolean }): Promise<object>
  * Kernel time and svctrace's user-space CPU per short connection of two
  * built trees (this one and `otherRoot`), their pipelines taking turns on
  * one lab, `rounds` x 3 s each: what a change buys, side by side in one
- * run. Each tree loads its own addon, and so its own programs. Every flow
- * in detail unless `detailRate` says otherwise (undefined: the default
- * budget, where most flows of a busy service are counted only).
+ * run. Each tree loads its own addon, and so its own programs. `detail`:
+ * every flow in detail ('all'), or the default budget ('default'), where
+ * most flows of a busy service are counted only. (A string, not an
+ * optional rate: an `undefined` rate for "the default" met a parameter
+ * default of 0, and the eighteenth pass's "default budget" runs traced
+ * every flow in detail.)
  */
-export async function compareTrees(otherRoot: string, rounds: number, detailRate: number | undefined = 0): Promise<void> {
+export async function compareTrees(otherRoot: string, rounds: number, detail: 'all' | 'default' = 'all'): Promise<void> {
+  const detailRate = detail === 'all' ? 0 : undefined;
   const roots = [path.resolve(__dirname, '..', '..'), path.resolve(otherRoot)];
   const trees = roots.map((root) => {
     const { Pipeline: P } = require(path.join(root, 'dist/src/pipeline/pipeline.js')) as { Pipeline: typeof Pipeline };
@@ -178,7 +182,7 @@ export async function compareTrees(otherRoot: string, rounds: number, detailRate
   const names = [...new Set(trees.flatMap((t) => [...t.progs.keys()]))].sort();
   const per = (t: (typeof trees)[number], name?: string) =>
     fmt((name ? t.progs.get(name)?.ns ?? 0 : [...t.progs.values()].reduce((n, s) => n + s.ns, 0)) / t.requests);
-  const how = detailRate === 0 ? 'with every flow in detail' : detailRate === undefined ? 'at the default detail budget' : `at --detail-rate ${detailRate}`;
+  const how = detail === 'all' ? 'with every flow in detail' : 'at the default detail budget';
   console.log(`Kernel time per short connection, ns, tracing this service ${how} (${rounds} x 3 s each, taking turns)`);
   console.log(table(['program', ...trees.map((t) => path.basename(t.root))], [...names.map((n) => [n, ...trees.map((t) => per(t, n))]), ['total', ...trees.map((t) => per(t))], ['connections', ...trees.map((t) => fmt(t.requests))]]));
   // The same runs' user-space CPU, thread by thread (see benchKernelCost).
@@ -196,7 +200,7 @@ if (require.main === module) {
     console.error('usage: node dist/bench/kernel-cost.js OTHER_CHECKOUT [ROUNDS] [--default-budget]  (as root; OTHER_CHECKOUT: a built tree to compare this one with, side by side; every flow in detail unless --default-budget)');
     process.exit(2);
   }
-  compareTrees(otherRoot, Number(roundsArg) || 4, budget ? undefined : 0).then(
+  compareTrees(otherRoot, Number(roundsArg) || 4, budget ? 'default' : 'all').then(
     () => process.exit(0),
     (e) => {
       console.error(`kernel-cost: ${e instanceof Error ? e.message : String(e)}`);

@@ -223,10 +223,10 @@ struct svt_flow_counters {
 	 * counted here, drops reported, its transitions not (see
 	 * detail_admit). */
 	__u8 counted_only;
-	/* 1: this counted-only flow's end (SVT_STATS_ENDED) was written and no
-	 * packet was counted since. Its destroy then has nothing new to say:
-	 * the addon removes its state without another record (see
-	 * native/ct_listener.cc). */
+	/* 1: this TCP flow's end (SVT_STATS_ENDED) was written and no packet
+	 * was counted since. Its destroy then has no new counters: the addon
+	 * removes its state without another record, and without the destroy
+	 * event too for a counted-only flow (see native/ct_listener.cc). */
 	__u8 end_sent;
 	__u8 _pad[6];
 };
@@ -238,8 +238,8 @@ enum svt_stats_reason {
 	SVT_STATS_CLOSED = 1,   /* conntrack destroyed the entry: final counters (written by the addon) */
 	SVT_STATS_REUSED = 2,   /* a new entry took the nf_conn address: the old flow's final counters */
 	SVT_STATS_EXPIRED = 3,  /* no packet for a long time, state removed (written by the addon) */
-	SVT_STATS_ENDED = 4,    /* a counted-only TCP connection is over (TIME_WAIT or CLOSE): its
-				 * final counters, unless a packet comes later (then its destroy's are) */
+	SVT_STATS_ENDED = 4,    /* a TCP connection is over (TIME_WAIT or CLOSE): its final
+				 * counters, unless a packet comes later (then its destroy's are) */
 };
 
 /* Ring-buffer record of kind SVT_EV_FLOW_STATS: a flow's counters. */

@@ -725,17 +725,17 @@ static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_
 		}
 	}
 	if (st && counting && (ended || now - st->last_report_ns >= targ_stats_interval_ns)) {
-		/* A counted-only connection's end is its final account: marked
+		/* A TCP connection's end is its final account, written now: its
+		 * entry lives on in TIME_WAIT (two minutes on a node), and its
+		 * destroy comes long after user space let its flow go. Marked
 		 * before the copy, so a packet counted meanwhile unmarks it. */
-		bool final = ended && st->counted_only;
-
 		st->last_report_ns = now;
-		if (final)
+		if (ended)
 			st->end_sent = 1;
-		if (emit_flow_stats((__u64)ct, st, final ? SVT_STATS_ENDED : SVT_STATS_PERIODIC)) {
+		if (emit_flow_stats((__u64)ct, st, ended ? SVT_STATS_ENDED : SVT_STATS_PERIODIC)) {
 			if (!st->delivered)
 				st->delivered = 1;
-		} else if (final) {
+		} else if (ended) {
 			st->end_sent = 0;
 		}
 	}

@@ -160,12 +160,13 @@ void CtListener::Handle(const nlmsghdr* nlh) {
       __u64 key = ref.ct_id;
       if (bpf_map_lookup_elem(state_map_fd_, &key, &r.c) == 0 && SameTuple(r.c.orig, e.ct_orig) &&
           TakeMapElem(state_map_fd_, &key, &r.c) == 0) {
-        // A counted-only connection whose end the kernel already reported,
-        // with no packet since: its account is complete, and it reports no
-        // transitions, so its destroy adds nothing. (Two records fewer per
-        // connection on a busy node, where most are counted only.)
+        // A connection whose end the kernel already reported (ENDED), with
+        // no packet since: its account is complete, so no counters again.
+        // A counted-only one reports no transitions either, so its destroy
+        // adds nothing at all. (Two records fewer per connection on a busy
+        // node, where most are counted only.)
         told = r.c.counted_only && r.c.end_sent;
-        if (!told) {
+        if (!r.c.end_sent) {
           r.kind = SVT_EV_FLOW_STATS;
           r.size = sizeof(r);
           r.ts_ns = e.ts_ns;

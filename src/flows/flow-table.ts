@@ -94,23 +94,32 @@ export class FlowTable implements FlowTableView {
   }
 
   /**
-   * Ingests a batch; events are processed in kernel-timestamp order, after
-   * the batch's flow counters (absolute values: a flow's final counters are
-   * in place before its close event).
+   * Ingests a batch: its events and flow counters together, in kernel-
+   * timestamp order, counters first on a tie (the addon gives a destroy's
+   * final counters the destroy's time: they are in place before its close
+   * event). A TCP connection's end (ENDED) is written right after the
+   * event of its last packet, and a short connection's whole life can be
+   * one batch: its counters then come after the events that made its flow.
    */
   ingest(events: KernelEvent[], stats: FlowStatsRecord[] = []): Ingested[] {
-    const sorted = events.length > 1 ? [...events].sort((a, b) => (a.tsNs < b.tsNs ? -1 : a.tsNs > b.tsNs ? 1 : 0)) : events;
+    const sorted = events.length > 1 ? [...events].sort(byTs) : events;
+    const counters = stats.length > 1 ? [...stats].sort(byTs) : stats;
     const out: Ingested[] = [];
     this.deliveredThroughNow = undefined;
-    for (const r of stats) {
-      const i = this.applyStats(r);
-      if (i) out.push(i);
-    }
+    let next = 0;
     for (const e of sorted) {
+      for (; next < counters.length && counters[next]!.tsNs <= e.tsNs; next++) {
+        const i = this.applyStats(counters[next]!);
+        if (i) out.push(i);
+      }
       const r = this.ingestOne(e);
       if (r) out.push(r);
       // A rule trace that was waiting for this flow goes right after its first event.
       if (this.deferred.length) out.push(...this.deferred.splice(0));
+    }
+    for (; next < counters.length; next++) {
+      const i = this.applyStats(counters[next]!);
+      if (i) out.push(i);
     }
     return out;
   }
@@ -139,6 +148,12 @@ export class FlowTable implements FlowTableView {
     }
     if (!f) {
       if (!this.unseen(r)) return undefined;
+      // A counted-only connection known by its end alone (the kernel's one
+      // record of it): it is over, and nothing more is owed of it (its
+      // destroy sends nothing), so it goes to the sinks as ended and never
+      // into the table. A busy node's short connections are mostly these;
+      // each one's stay, indexed and aged out, cost more than its record.
+      if (r.reason === StatsReason.ENDED && r.countedOnly && !r.delivered) detached = true;
       f = this.newFlow(key, { netnsIno: r.netnsIno, serviceId: r.serviceId, tsNs: r.firstNs, kind: EventKind.NF, ctReply: r.orig, ctId: r.ctId, ctBirth: r.ctBirth }, r.orig, !detached);
     }
     f.ctBirth = r.ctBirth;
@@ -157,8 +172,9 @@ export class FlowTable implements FlowTableView {
     // (seen in the fault catalogue's IPVS column under load).
     if (r.packets[1] > 0) f.status |= IPS_SEEN_REPLY;
     if (f.countedOnly) this.stateFromCounters(f, r);
-    f.packets = [r.packets[0], r.packets[1]];
-    f.bytes = [r.bytes[0], r.bytes[1]];
+    // The record's own pairs (made for it, never changed after): no copy.
+    f.packets = r.packets;
+    f.bytes = r.bytes;
     f.kernelDrops = r.drops;
     if (r.lastNs > f.lastTsNs) f.lastTsNs = r.lastNs;
     const final = r.reason !== StatsReason.PERIODIC;
@@ -285,11 +301,19 @@ export class FlowTable implements FlowTableView {
         // the ports of one whose events were lost) takes the place.
         const p = this.pendingTraces.get(key);
         if (p && p.traces[0]!.traceId === first.traceId) p.traces.push(...group);
-        else if (p || this.pendingTraces.size < 10_000) this.pendingTraces.set(key, { at: nowMs, tsNs: first.tsNs, traces: group });
+        else if (p || this.pendingTraces.size < 10_000) {
+          // Inserted anew, at the end: the map stays in arrival order (expireOldest).
+          if (p) this.pendingTraces.delete(key);
+          this.pendingTraces.set(key, { at: nowMs, tsNs: first.tsNs, traces: group });
+        }
         // Or it was traced where the backend receives it, before its flow's
         // DNAT reached us: only a drop is news there, so only a group with a
         // drop verdict waits (parking every group held tens of MB in a storm).
-        if (this.pendingBackendTraces.size < 10_000 && rulePathOf(group)?.droppedBy) this.pendingBackendTraces.set(tupleKey(first.pkt), { at: nowMs, tsNs: first.tsNs, traces: group });
+        if (this.pendingBackendTraces.size < 10_000 && rulePathOf(group)?.droppedBy) {
+          const backendKey = tupleKey(first.pkt);
+          this.pendingBackendTraces.delete(backendKey); // anew, at the end (expireOldest)
+          this.pendingBackendTraces.set(backendKey, { at: nowMs, tsNs: first.tsNs, traces: group });
+        }
         continue;
       }
       const r = this.attachRuleTrace(f, group, nowMs);
@@ -399,6 +423,9 @@ export class FlowTable implements FlowTableView {
   /** Indexes a flow by the tuple its backend receives; a trace from there that came first is attached now. */
   private indexBackendTuple(f: Flow, r: Tuple): void {
     this.forgetBackendTuple(f);
+    // A flow handed to the sinks without a stay in the table (see
+    // applyStats) is in no index: the indexes hold only the table's flows.
+    if (this.byKey.get(f.key) !== f) return;
     const k = tupleKey({ saddr: r.daddr, daddr: r.saddr, sport: r.dport, dport: r.sport, proto: r.proto });
     f.backendKey = k;
     this.byBackendTuple.set(k, f);
@@ -635,11 +662,8 @@ export class FlowTable implements FlowTableView {
    * hold at most the ring's backlog of new connections, and 10,000 each.
    */
   private expirePendingTraces(nowMs: number, deliveredNs?: bigint): void {
-    for (const pending of [this.pendingTraces, this.pendingBackendTraces]) {
-      for (const [k, v] of pending) {
-        if (nowMs - v.at > PENDING_TRACE_MAX_MS || (deliveredNs !== undefined && deliveredNs - v.tsNs > PENDING_TRACE_DELIVERED_NS)) pending.delete(k);
-      }
-    }
+    expireOldest(this.pendingTraces, nowMs, deliveredNs);
+    expireOldest(this.pendingBackendTraces, nowMs, deliveredNs);
   }
 
   /** Rule traces waiting for their flow (both keys), for tests and status. */
@@ -684,6 +708,27 @@ interface PendingTraces {
   /** Monotonic time the trace message was received (after the packet's ring record was written). */
   tsNs: bigint;
   traces: RuleTrace[];
+}
+
+/**
+ * Removes the expired groups from the front of `pending`. A Map iterates in
+ * insertion order and a group is always inserted anew (see
+ * ingestRuleTraces), so the groups are in the order they came and the first
+ * one still waiting ends the walk: this runs for every batch of trace
+ * messages, and a storm's counted-only connections leave hundreds of
+ * groups waiting for flows that never come.
+ */
+function expireOldest(pending: Map<string, PendingTraces>, nowMs: number, deliveredNs?: bigint): void {
+  for (const k of pending.keys()) {
+    const v = pending.get(k)!;
+    if (!(nowMs - v.at > PENDING_TRACE_MAX_MS || (deliveredNs !== undefined && deliveredNs - v.tsNs > PENDING_TRACE_DELIVERED_NS))) return;
+    pending.delete(k);
+  }
+}
+
+/** Kernel-time order (a stable sort keeps a tie in arrival order). */
+function byTs(a: { tsNs: bigint }, b: { tsNs: bigint }): number {
+  return a.tsNs < b.tsNs ? -1 : a.tsNs > b.tsNs ? 1 : 0;
 }
 
 /** Older entries' flows remembered for their late records: a storm's ring backlog of them at most. */

@@ -158,7 +158,7 @@ describe('decodeBatch', () => {
     st.writeUInt32LE(StatsReason.CLOSED, S.reason[0]);
     st.writeBigUInt64LE(1003n, c + C.packets[0]);
     st.writeBigUInt64LE(1001n, c + C.packets[0] + 8);
-    st.writeBigUInt64LE(2n ** 40n, c + C.bytes[0]);
+    st.writeBigUInt64LE(2n ** 40n + 0xffffffffn, c + C.bytes[0]);
     st.writeBigUInt64LE(77n, c + C.bytes[0] + 8);
     Buffer.from([10, 96, 0, 100]).copy(st, c + C.orig[0] + 4);
     st.writeUInt16BE(80, c + C.orig[0] + 10);
@@ -171,7 +171,7 @@ describe('decodeBatch', () => {
     assert.equal(r.ctId, 'ffff888812345678');
     assert.equal(r.reason, StatsReason.CLOSED);
     assert.deepEqual(r.packets, [1003, 1001]);
-    assert.deepEqual(r.bytes, [2 ** 40, 77]);
+    assert.deepEqual(r.bytes, [2 ** 40 + 0xffffffff, 77]);
     assert.equal(r.orig.daddr, '10.96.0.100');
     assert.equal(r.orig.dport, 80);
     assert.deepEqual(r.tcpFlags, [0, 0x1b]);

@@ -112,12 +112,19 @@ describe('FlowTable', () => {
     // first record for TCP, and its destroy adds none): one record makes it
     // whole, closed, with final counters.
     const endOnly: Tuple = { ...orig, saddr: '10.250.0.2', sport: 41103 };
-    const [ended] = t.ingest([], [stats({ ctId: 'ffa4', orig: endOnly, reply: natted, countedOnly: true, delivered: false, tcpFlags: [0x1b, 0x1b], packets: [6, 5], tcpState: 7, reason: StatsReason.ENDED, tsNs: 950n })]);
+    const indexed = t.indexSizes();
+    const [ended] = t.ingest([], [stats({ ctId: 'ffa4', orig: endOnly, reply: { ...natted, dport: 41103 }, countedOnly: true, delivered: false, tcpFlags: [0x1b, 0x1b], packets: [6, 5], tcpState: 7, reason: StatsReason.ENDED, tsNs: 950n })]);
     assert.equal(ended!.flow.closed, true);
     assert.equal(ended!.flow.countersFinal, true);
     assert.equal(ended!.flow.backend, '10.244.1.12:8080');
     assert.equal(ended!.event.counters?.reason, 'ended');
     assert.equal(ended!.event.counters?.final, true);
+    // Nothing more is owed of it: it goes to the sinks as ended, in no index.
+    assert.equal(t.flows().includes(ended!.flow), false, 'not kept in the table');
+    assert.ok(t.takeRetired().includes(ended!.flow), 'handed to the sinks as ended');
+    assert.deepEqual(t.indexSizes(), indexed, 'in no index (its own backend tuple, with another client port, included)');
+    // A late record of it (a packet counted after its end) makes no second flow.
+    assert.deepEqual(t.ingest([], [stats({ ctId: 'ffa4', orig: endOnly, reply: natted, countedOnly: true, delivered: true, packets: [7, 5], tcpState: 7, tsNs: 960n })]), []);
     // A flow not DNATed (reply is the original reversed) has no backend.
     const b: Tuple = { ...orig, saddr: '10.250.0.2', sport: 41101 };
     const [plain] = t.ingest([], [stats({ ctId: 'ffa2', orig: b, reply: { saddr: b.daddr, daddr: b.saddr, sport: b.dport, dport: b.sport, proto: 6 }, countedOnly: true, delivered: false })]);
@@ -390,6 +397,24 @@ describe('FlowTable', () => {
     assert.equal(t.summary().flows, 2, 'two connections, two flows');
   });
 
+  it('a connection whose whole life is one batch gets the end the kernel wrote after its last event', () => {
+    const t = table();
+    const items = t.ingest(
+      [
+        ev({ tsNs: 100n }),
+        ev({ tsNs: 110n, nfStage: NfStage.AFTER_NAT, nfPriority: -99, pkt: dnated, ctStatus: IPS_DST_NAT }),
+        ev({ tsNs: 300n, ctTcpState: 7, ctStatus: IPS_DST_NAT | IPS_CONFIRMED | IPS_SEEN_REPLY | IPS_ASSURED }),
+      ],
+      // Written right after the event of the packet that took it to TIME_WAIT.
+      [stats({ tsNs: 301n, reason: StatsReason.ENDED, packets: [6, 5], bytes: [400, 500], tcpState: 7, reply })],
+    );
+    assert.equal(t.summary().flows, 1);
+    const f = t.flows()[0]!;
+    assert.equal(f.countersFinal, true, 'its end was not taken for a late record of an unknown flow');
+    assert.deepEqual(f.packets, [6, 5]);
+    assert.equal(items.at(-1)?.event.counters?.reason, 'ended', 'after its events');
+  });
+
   it('a refused connection whose conntrack address the next one takes at once ends as a flow of its own, with its final counters', () => {
     const t = table();
     const a = { ...orig, sport: 41000 };
@@ -401,7 +426,7 @@ describe('FlowTable', () => {
       ev({ tsNs: 120n, ctId: 'ffff7', ctOrig: a, dir: Dir.REPLY, tcpFlags: 0x14, nfHook: 0, ctStatus: IPS_DST_NAT | IPS_CONFIRMED | IPS_SEEN_REPLY }),
     ]);
     // A's entry dies and B's takes its address before A's destroy arrives; the kernel writes A's final counters (REUSED) first.
-    t.ingest([ev({ tsNs: 200n, ctId: 'ffff7', ctOrig: b, pkt: b })], [stats({ ctId: 'ffff7', orig: a, reason: StatsReason.REUSED, packets: [1, 1], bytes: [60, 40] })]);
+    t.ingest([ev({ tsNs: 200n, ctId: 'ffff7', ctOrig: b, pkt: b })], [stats({ tsNs: 190n, ctId: 'ffff7', orig: a, reason: StatsReason.REUSED, packets: [1, 1], bytes: [60, 40] })]);
     assert.equal(t.summary().flows, 2);
     const [fa] = t.takeRetired();
     assert.ok(fa, 'A ended and is handed on');
@@ -470,6 +495,22 @@ describe('FlowTable', () => {
       assert.equal(t.pendingTraceGroups, 1);
       t.ingest([ev({ tsNs: 100n })]);
       assert.deepEqual(pathOf(t), ['OUTPUT', 'KUBE-SERVICES', 'KUBE-SVC-X', 'KUBE-SEP-Y']);
+    });
+
+    it('waiting groups leave in the order they came; one taken over by a later packet waits anew', () => {
+      const t = table();
+      const now = Date.now();
+      const at = (sport: number, id: number): RuleTrace => ({ ...trace(id, 'KUBE-SERVICES'), pkt: { ...orig, sport } });
+      t.ingestRuleTraces([at(1001, 1)], now);
+      t.ingestRuleTraces([at(1002, 2)], now + 1000);
+      t.ingestRuleTraces([at(1001, 3)], now + 3000); // the first tuple's group, replaced: younger now
+      t.ingestRuleTraces([at(1003, 4)], now + 4000);
+      t.ingestRuleTraces([], now + 6500);
+      assert.equal(t.pendingTraceGroups, 2, 'the group of 1002 (5.5 s) left; the replaced one (3.5 s) and 1003 wait');
+      t.ingestRuleTraces([], now + 8500);
+      assert.equal(t.pendingTraceGroups, 1);
+      t.ingestRuleTraces([], now + 9500);
+      assert.equal(t.pendingTraceGroups, 0);
     });
 
     it('stop waiting once the ring has delivered a second past them, or after 5 s', () => {
