@@ -211,7 +211,7 @@ struct svt_flow_counters {
 	__u32 last_status;       /* conntrack status bits last reported (SVT_CT_STATUS_REPORTED) */
 	__u32 service_id;
 	__u32 netns_ino;
-	__u32 last_drop_reason;
+	__u32 last_drop_site;    /* the last drop's reason; where the kernel names none, the low half of its kfree_skb caller */
 	__u8 tcp_flags[2];       /* OR of the TCP flags seen, per direction */
 	__u8 last_tcp_state;     /* conntrack TCP state last reported */
 	__u8 delivered;          /* 1 once any record of this flow was written to the ring buffer */

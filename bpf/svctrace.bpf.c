@@ -923,6 +923,31 @@ static __always_inline struct svt_flow_ref *flow_of_packet(unsigned char *nh, st
 	return bpf_map_lookup_elem(&svt_flows, t);
 }
 
+#define SVT_PACKET_OTHERHOST 3 /* skb->pkt_type: a frame addressed to another host's MAC */
+
+/*
+ * A copy of a frame the bridge flooded (it did not know, or no longer knew,
+ * the destination MAC: its FDB entry ages out after 5 minutes of silence
+ * from a pod that only receives) arriving in a pod it was not for. Its
+ * destination MAC is another's; IP frees it there (OTHERHOST). The copy for
+ * the frame's own destination goes on: this one is neither a crossing nor a
+ * drop of the flow. Taken for one, a flooded SYN "entered" every pod on the
+ * bridge (the last one read as the backend's namespace), a healthy
+ * connection read as dropping packets, and on kernels without drop reasons,
+ * where every drop reads UNKNOWN, the first copy's "drop" hid the flow's
+ * real one (see observe_drop). A bridge port's own frames are for other
+ * hosts by design (the bridge forwards them): those stay.
+ */
+static __always_inline bool is_flooded_copy(struct sk_buff *skb)
+{
+	struct net_device *dev;
+
+	if (BPF_CORE_READ_BITFIELD_PROBED(skb, pkt_type) != SVT_PACKET_OTHERHOST)
+		return false;
+	dev = BPF_CORE_READ(skb, dev);
+	return dev && !(BPF_CORE_READ_BITFIELD_PROBED(dev, priv_flags) & bpf_core_enum_value(enum netdev_priv_flags, IFF_BRIDGE_PORT));
+}
+
 /*
  * A device crossing worth an event: TCP's SYN and SYN-ACK (the first packet
  * each way crosses every device on the path), resets, and for other
@@ -954,6 +979,8 @@ static __always_inline int observe_dev(struct sk_buff *skb, __u16 kind)
 		return 0;
 	ref = flow_of_packet(nh, &t);
 	if (!ref || (ref->counted_only && !targ_all_packets))
+		return 0;
+	if (kind == SVT_EV_DEV_RECV && is_flooded_copy(skb))
 		return 0;
 	if (!targ_all_packets && facts.proto != IPPROTO_TCP) {
 		key = ref->ct_id;
@@ -1034,7 +1061,7 @@ static __always_inline bool in_time_wait(struct nf_conn *ct)
 	       BPF_CORE_READ(ct, proto.tcp.state) == TCP_CONNTRACK_TIME_WAIT;
 }
 
-static __always_inline int observe_drop(struct sk_buff *skb, __u32 reason, const bool has_reason)
+static __always_inline int observe_drop(struct sk_buff *skb, void *location, __u32 reason, const bool has_reason)
 {
 	struct svt_flow_counters *st;
 	struct svt_flow_ref *ref = NULL;
@@ -1069,6 +1096,8 @@ static __always_inline int observe_drop(struct sk_buff *skb, __u32 reason, const
 	}
 	if (!svc && !ref)
 		return 0;
+	if (is_flooded_copy(skb))
+		return 0;
 	/* A segment that reached its connection in TIME_WAIT (the peer's FIN
 	 * again, our last ACK having been late): TCP answers it and frees it as
 	 * NOT_SPECIFIED (tcp_v4_rcv: do_time_wait -> discard_it). The end of a
@@ -1079,14 +1108,19 @@ static __always_inline int observe_drop(struct sk_buff *skb, __u32 reason, const
 	svc_id = svc ? *svc : ref->service_id;
 
 	/* Count every drop in the flow's state; report the first of each
-	 * reason (a retransmitted SYN dropped again is the same story). */
+	 * reason (a retransmitted SYN dropped again is the same story). Where
+	 * the kernel names no reason, every drop reads UNKNOWN: the place that
+	 * freed the packet tells the stories apart instead (by reason, a flow's
+	 * first drop hid every later one there, the pod firewall's too). */
+	__u32 site = has_reason ? reason : (__u32)(unsigned long)location;
+
 	flow_key = ct ? (__u64)ct : ref ? ref->ct_id : 0;
 	st = flow_key ? bpf_map_lookup_elem(&svt_flow_state, &flow_key) : NULL;
 	if (st) {
-		bool again = st->drops && st->last_drop_reason == (__u32)reason;
+		bool again = st->drops && st->last_drop_site == site;
 
 		__sync_fetch_and_add(&st->drops, 1);
-		st->last_drop_reason = reason;
+		st->last_drop_site = site;
 		if (again && !targ_all_packets)
 			return 0;
 	}
@@ -1127,7 +1161,7 @@ static __always_inline int observe_drop(struct sk_buff *skb, __u32 reason, const
 SEC("tp_btf/kfree_skb")
 int BPF_PROG(svt_drop, struct sk_buff *skb, void *location, enum skb_drop_reason reason)
 {
-	return observe_drop(skb, reason, true);
+	return observe_drop(skb, location, reason, true);
 }
 
 /* Before 5.17 the tracepoint has no reason: kfree_skb(skb, location). Every
@@ -1136,7 +1170,7 @@ int BPF_PROG(svt_drop, struct sk_buff *skb, void *location, enum skb_drop_reason
 SEC("tp_btf/kfree_skb")
 int BPF_PROG(svt_drop_noreason, struct sk_buff *skb, void *location)
 {
-	return observe_drop(skb, SVT_DROP_REASON_UNKNOWN, false);
+	return observe_drop(skb, location, SVT_DROP_REASON_UNKNOWN, false);
 }
 
 SEC("tp_btf/fib_table_lookup")

@@ -101,7 +101,7 @@ Napi::Value Layout(const Napi::CallbackInfo& info) {
   SVT_FIELD(fc, svt_flow_counters, last_status);
   SVT_FIELD(fc, svt_flow_counters, service_id);
   SVT_FIELD(fc, svt_flow_counters, netns_ino);
-  SVT_FIELD(fc, svt_flow_counters, last_drop_reason);
+  SVT_FIELD(fc, svt_flow_counters, last_drop_site);
   SVT_FIELD(fc, svt_flow_counters, tcp_flags);
   SVT_FIELD(fc, svt_flow_counters, last_tcp_state);
   SVT_FIELD(fc, svt_flow_counters, delivered);

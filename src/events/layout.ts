@@ -81,7 +81,7 @@ export const FLOW_COUNTERS = {
     last_status: [84, 4],
     service_id: [88, 4],
     netns_ino: [92, 4],
-    last_drop_reason: [96, 4],
+    last_drop_site: [96, 4],
     tcp_flags: [100, 2],
     last_tcp_state: [102, 1],
     delivered: [103, 1],

@@ -453,6 +453,17 @@ export class Lab {
     await runIn(pod.netns, ['iptables', '-A', 'INPUT', '-p', 'tcp', '--dport', String(port), '-j', ...target]);
   }
 
+  /**
+   * Makes the bridge forget every MAC at once (ageing time 0), so that it
+   * floods every frame to every pod, as a node's bridge does to a pod that
+   * only received for five minutes (its entry aged out); `false` restores
+   * the default ageing (300 s).
+   */
+  async floodBridge(on: boolean): Promise<void> {
+    // iproute2 takes the ageing time in centiseconds.
+    await runIn(this.nodeNetns, ['ip', 'link', 'set', 'cni0', 'type', 'bridge', 'ageing_time', on ? '0' : '30000']);
+  }
+
   /** Removes what filterPort and blockReplies added. */
   async unfilter(name: string): Promise<void> {
     const pod = this.pod(name);
