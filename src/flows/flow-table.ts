@@ -652,14 +652,17 @@ export class FlowTable implements FlowTableView {
     }
   }
 
-  /** Removes flows closed longer than the grace period or idle too long; returns them. */
   /**
    * Traces stop waiting for their flow once the ring buffer has delivered
    * everything up to a second past their arrival: a flow's first event is
    * written before its packet reaches the rules, so if it is not here by
    * then it was lost in the ring (counted there), and its traces never will
-   * be matched. Or after 5 s, whatever the ring does. Either way the maps
-   * hold at most the ring's backlog of new connections, and 10,000 each.
+   * be matched. A ring that is behind is waited for: trace messages come by
+   * their own socket, and overtake a ring seconds behind under load (CI's
+   * emulated guests: 18 s once; a 5 s limit on the wall clock then threw
+   * away a REJECT's trace before its flow came). A minute on the wall clock
+   * is only a backstop. The maps hold at most the ring's backlog of marked
+   * connections (100 per second per Service, rule-marker), and 10,000 each.
    */
   private expirePendingTraces(nowMs: number, deliveredNs?: bigint): void {
     expireOldest(this.pendingTraces, nowMs, deliveredNs);
@@ -671,13 +674,14 @@ export class FlowTable implements FlowTableView {
     return this.pendingTraces.size + this.pendingBackendTraces.size;
   }
 
+  /** Removes flows closed longer than the grace period or idle too long; returns them. */
   expire(nowNs: bigint, nowMs = Date.now()): Flow[] {
     this.expirePendingTraces(nowMs, nowNs);
     const graceNs = BigInt(this.opts.closeGraceMs) * 1_000_000n;
     const idleNs = BigInt(this.opts.idleMs) * 1_000_000n;
     const gone: Flow[] = [];
     for (const f of this.byKey.values()) {
-      if (f.ruleTraces && nowMs - f.ruleTraces.atMs > PENDING_TRACE_MAX_MS) f.ruleTraces = undefined;
+      if (f.ruleTraces && nowMs - f.ruleTraces.atMs > SPLIT_TRACE_MAX_MS) f.ruleTraces = undefined;
       if ((f.closed && f.closedTsNs !== undefined && nowNs - f.closedTsNs >= graceNs) || nowNs - f.lastTsNs >= idleNs) gone.push(f);
     }
     for (const f of gone) this.remove(f);
@@ -721,7 +725,7 @@ interface PendingTraces {
 function expireOldest(pending: Map<string, PendingTraces>, nowMs: number, deliveredNs?: bigint): void {
   for (const k of pending.keys()) {
     const v = pending.get(k)!;
-    if (!(nowMs - v.at > PENDING_TRACE_MAX_MS || (deliveredNs !== undefined && deliveredNs - v.tsNs > PENDING_TRACE_DELIVERED_NS))) return;
+    if (!(nowMs - v.at > PENDING_TRACE_BACKSTOP_MS || (deliveredNs !== undefined && deliveredNs - v.tsNs > PENDING_TRACE_DELIVERED_NS))) return;
     pending.delete(k);
   }
 }
@@ -738,8 +742,10 @@ function olderEntryKey(ctKey: number, birth: number): string {
   return `${ctKey}|${birth}`;
 }
 
-const PENDING_TRACE_MAX_MS = 5000;
+const PENDING_TRACE_BACKSTOP_MS = 60_000;
 const PENDING_TRACE_DELIVERED_NS = 1_000_000_000n;
+/** How long a flow's first traced packet waits for the rest of its trace (read in the next batch of the same socket). */
+const SPLIT_TRACE_MAX_MS = 5000;
 
 /** enum tcp_conntrack (events/conntrack TCP_CT_STATES). */
 const TCP_SYN_SENT = 1;

@@ -502,18 +502,30 @@ describe('FlowTable', () => {
       const now = Date.now();
       const at = (sport: number, id: number): RuleTrace => ({ ...trace(id, 'KUBE-SERVICES'), pkt: { ...orig, sport } });
       t.ingestRuleTraces([at(1001, 1)], now);
-      t.ingestRuleTraces([at(1002, 2)], now + 1000);
-      t.ingestRuleTraces([at(1001, 3)], now + 3000); // the first tuple's group, replaced: younger now
-      t.ingestRuleTraces([at(1003, 4)], now + 4000);
-      t.ingestRuleTraces([], now + 6500);
-      assert.equal(t.pendingTraceGroups, 2, 'the group of 1002 (5.5 s) left; the replaced one (3.5 s) and 1003 wait');
-      t.ingestRuleTraces([], now + 8500);
+      t.ingestRuleTraces([at(1002, 2)], now + 10_000);
+      t.ingestRuleTraces([at(1001, 3)], now + 30_000); // the first tuple's group, replaced: younger now
+      t.ingestRuleTraces([at(1003, 4)], now + 40_000);
+      t.ingestRuleTraces([], now + 71_000);
+      assert.equal(t.pendingTraceGroups, 2, 'the group of 1002 (61 s) left; the replaced one (41 s) and 1003 wait');
+      t.ingestRuleTraces([], now + 91_000);
       assert.equal(t.pendingTraceGroups, 1);
-      t.ingestRuleTraces([], now + 9500);
+      t.ingestRuleTraces([], now + 101_000);
       assert.equal(t.pendingTraceGroups, 0);
     });
 
-    it('stop waiting once the ring has delivered a second past them, or after 5 s', () => {
+    it('a ring seconds behind the trace messages: the traces wait for their flow, and get it', () => {
+      const t = table();
+      const now = Date.now();
+      // The flow's first event was written at 1 s; its packet's trace came at 1.001 s.
+      t.ingestRuleTraces([trace(1, 'OUTPUT', 1_001_000_000n), trace(1, 'KUBE-SERVICES', 1_001_000_000n)], now);
+      // Ten seconds later the ring has delivered nothing past 0.5 s.
+      t.expire(500_000_000n, now + 10_000);
+      assert.equal(t.pendingTraceGroups, 1);
+      t.ingest([ev({ tsNs: 1_000_000_000n })]);
+      assert.deepEqual(pathOf(t), ['OUTPUT', 'KUBE-SERVICES']);
+    });
+
+    it('stop waiting once the ring has delivered a second past them, or after a minute', () => {
       const t = table();
       const now = Date.now();
       t.ingestRuleTraces([trace(1, 'KUBE-SERVICES', 2_000_000_000n)], now);
@@ -522,8 +534,10 @@ describe('FlowTable', () => {
       t.expire(3_000_000_001n, now);
       assert.equal(t.pendingTraceGroups, 0, 'delivered a second past it: its flow was lost in the ring');
       t.ingestRuleTraces([trace(2, 'KUBE-SERVICES', 9_000_000_000n)], now);
-      t.ingestRuleTraces([], now + 5001);
-      assert.equal(t.pendingTraceGroups, 0, 'five seconds, whatever the ring does');
+      t.ingestRuleTraces([], now + 59_000);
+      assert.equal(t.pendingTraceGroups, 1);
+      t.ingestRuleTraces([], now + 60_001);
+      assert.equal(t.pendingTraceGroups, 0, 'a minute, whatever the ring does');
     });
   });
 });
