@@ -165,9 +165,14 @@ size_t RingReader::Consume() {
       taken++;
     }
     cons += RecordSpan(len);
+    // The count of records held here goes out before the position that
+    // frees their space, both as releases: stats() reads the position
+    // first, so a ring read as empty never comes with a count that misses
+    // the records just taken from it (ringIdle() in JS would call the ring
+    // idle while they are still on their way).
+    pending_.store(sink_->pending(), std::memory_order_release);
     __atomic_store_n(consumer_pos_, cons, __ATOMIC_RELEASE);
   }
-  pending_.store(sink_->pending());
   return taken;
 }
 

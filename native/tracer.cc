@@ -410,6 +410,9 @@ Napi::Object Tracer::StatsObject(Napi::Env env) {
   out.Set("malformed", Napi::Number::New(env, reader_ ? (double)reader_->malformed() : 0));
   // Not yet delivered: bytes in the ring, records pending in the reader,
   // batches JS has not returned. All zero: everything so far reached JS.
+  // Read in this order: the reader counts a record as pending before it
+  // frees its space in the ring, and as in flight before it stops counting
+  // it as pending (RingReader::Consume, BatchSink::Flush).
   out.Set("ringBacklogBytes", Napi::Number::New(env, reader_ ? (double)reader_->ring_bytes() : 0));
   out.Set("readerPending", Napi::Number::New(env, reader_ ? (double)reader_->pending() : 0));
   out.Set("batchesInFlight", Napi::Number::New(env, reader_ ? (double)reader_->in_flight() : 0));
