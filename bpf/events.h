@@ -128,8 +128,11 @@ struct svt_event {
 	__u8 icmp_code;
 	__u16 cap_len;           /* bytes of the packet captured after the event (svt_event_cap) */
 	__u32 ct_birth;          /* SVT_CT_BIRTH of the flow's state (0: not known here). See below. */
+	__u64 drop_location;     /* drop: the kernel code address that freed the packet (kfree_skb's
+				  * caller), which user space names from /proc/kallsyms: where the
+				  * kernel has no drop reasons (< 5.17) it is all a drop tells */
 };
-SVT_STATIC_ASSERT(sizeof(struct svt_event) == 160, "svt_event ABI changed");
+SVT_STATIC_ASSERT(sizeof(struct svt_event) == 168, "svt_event ABI changed");
 
 /*
  * Which conntrack entry at an nf_conn address an event is of. An address is
@@ -156,7 +159,7 @@ struct svt_event_cap {
 	struct svt_event ev;
 	__u8 data[SVT_MAX_SNAPLEN];
 };
-SVT_STATIC_ASSERT(sizeof(struct svt_event_cap) == 288, "svt_event_cap ABI changed");
+SVT_STATIC_ASSERT(sizeof(struct svt_event_cap) == 296, "svt_event_cap ABI changed");
 
 /* Value of the svt_flows map: which tracked flow a wire tuple belongs to. */
 struct svt_flow_ref {

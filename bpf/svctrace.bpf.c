@@ -1136,6 +1136,7 @@ static __always_inline int observe_drop(struct sk_buff *skb, void *location, __u
 	if (!e)
 		return 0;
 	e->reason = reason;
+	e->drop_location = (__u64)(unsigned long)location;
 	e->service_id = svc_id;
 	fill_skb(e, skb, nh, false);
 	fill_dev(e, skb->dev, false);

@@ -72,6 +72,7 @@ Napi::Value Layout(const Napi::CallbackInfo& info) {
   SVT_FIELD(ev, svt_event, icmp_code);
   SVT_FIELD(ev, svt_event, cap_len);
   SVT_FIELD(ev, svt_event, ct_birth);
+  SVT_FIELD(ev, svt_event, drop_location);
   out.Set("svt_event", StructLayout(env, sizeof(svt_event), ev));
 
   Napi::Object nt = Napi::Object::New(env);

@@ -5,6 +5,7 @@
  */
 import { svctrace } from '../gen/svctrace';
 import { IPS_DST_NAT } from '../events/conntrack';
+import { dropName } from '../events/drop-name';
 
 import pb = svctrace.v1;
 
@@ -172,7 +173,10 @@ export class Store {
       if (e.backendNetns) f.backendNetns = e.backendNetns;
       if (e.conntrack?.tcpState) f.state = e.conntrack.tcpState;
       if (e.kind === pb.EventKind.EVENT_KIND_CT_DESTROY) f.closed = true;
-      if (e.kind === pb.EventKind.EVENT_KIND_DROP && !e.benignDrop && e.dropReasonName && !f.drops.includes(e.dropReasonName)) f.drops.push(e.dropReasonName);
+      if (e.kind === pb.EventKind.EVENT_KIND_DROP && !e.benignDrop && e.dropReasonName) {
+        const name = dropName(e.dropReasonName, e.dropLocation);
+        if (!f.drops.includes(name)) f.drops.push(name);
+      }
       if (e.tcpFlags?.includes('RST')) f.reset = true;
       this.countBackend(f, nowMs);
     }

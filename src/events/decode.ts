@@ -59,6 +59,8 @@ export interface KernelEvent {
   icmpCode: number;
   /** Which entry at the ct address this is (ctBirth of its state's first packet); 0 when the kernel had no state to say. */
   ctBirth: number;
+  /** Drop: the kernel code address that freed the packet (kfree_skb's caller), hex; '' for other kinds. See kallsyms.ts. */
+  dropLocation: string;
   /** The packet's first bytes from its IP header, when capture is on. */
   capture?: Uint8Array;
 }
@@ -250,7 +252,10 @@ function decodeAt(dv: DataView, b: Uint8Array, o: number): KernelEvent {
     icmpType: dv.getUint8(o + F.icmp_type[0]),
     icmpCode: dv.getUint8(o + F.icmp_code[0]),
     ctBirth: dv.getUint32(o + F.ct_birth[0], true),
+    dropLocation: '',
   };
+  // Read for drops only: a string per event is what the hot path avoids.
+  if (e.kind === EventKind.DROP) e.dropLocation = dv.getBigUint64(o + F.drop_location[0], true).toString(16);
   if (size === EVENT_CAP_SIZE && capLen > 0) {
     if (capLen > EVENT_CAP_SIZE - EVENT.size) throw new DecodeError(`record at offset ${o} claims ${capLen} captured bytes`);
     // A copy: the batch is the addon's buffer, reused for the next batch.

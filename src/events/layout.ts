@@ -10,7 +10,7 @@ export const TUPLE = {
 } as const;
 
 export const EVENT = {
-  size: 160,
+  size: 168,
   fields: {
     kind: [0, 2],
     size: [2, 2],
@@ -44,6 +44,7 @@ export const EVENT = {
     icmp_code: [153, 1],
     cap_len: [154, 2],
     ct_birth: [156, 4],
+    drop_location: [160, 8],
   },
 } as const;
 

@@ -402,6 +402,15 @@ export function chiSquare(observed: number[], probabilities: number[]): number {
 /** Upper-tail critical values of chi-square at p = 0.001, by degrees of freedom. */
 const CHI2_P001 = [0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12, 27.88, 29.59];
 
+/**
+ * A netfilter rule's DROP: by its reason, or before Linux 5.17 (no
+ * reasons: UNKNOWN) by the function that freed the packet, the one place
+ * netfilter frees what a rule dropped.
+ */
+function isNetfilterDrop(name: string): boolean {
+  return name === 'NETFILTER_DROP' || name.endsWith(' in nf_hook_slow');
+}
+
 /** Drop reasons that say where a packet could not go. */
 const NEIGHBOUR_DROPS = new Set(['NEIGH_FAILED', 'NEIGH_QUEUEFULL', 'NEIGH_DEAD', 'NEIGH_CREATEFAIL']);
 const ROUTE_DROPS = new Set(['IP_INNOROUTES', 'IP_OUTNOROUTES', 'IP_INADDRERRORS', 'IP_RPFILTER', 'BLACKHOLE']);
@@ -514,7 +523,7 @@ export function diagnoseTraffic(svc: DiscoveredService, t: ObservedTraffic, view
     } else if (drops.some(([r]) => NEIGHBOUR_DROPS.has(r)) || icmp.some(([r]) => r === 'host unreachable')) {
       const d = noAnswer(svc, b.backend, ip, holderOf(ip), true, evidence);
       out.push({ ...d, summary: `${failed} got no reply (${said}): ${d.summary}` });
-    } else if (b.replyDroppedAt && !drops.some(([r]) => r === 'NETFILTER_DROP')) {
+    } else if (b.replyDroppedAt && !drops.some(([r]) => isNetfilterDrop(r))) {
       // The backend answered; the kernel dropped the answers on their way back (not a firewall: that is the pod's own filtering).
       const where = [...b.replyDroppedAt];
       out.push({

@@ -19,7 +19,10 @@ export const BENIGN_DROPS = new Set(['QUEUE_PURGE', 'SOCKET_CLOSE', 'TCP_CLOSE']
 
 /** Names the classifier needs from outside the event. */
 export interface ClassifyContext {
+  /** A drop's reason by name (its kernel's enum skb_drop_reason). */
   dropReasonName: (reason: number) => string;
+  /** What a drop is called in its flow: its reason, or where the kernel gives none, also the function that freed it. */
+  dropName?: (e: KernelEvent) => string;
   netnsName?: (inode: number) => string | undefined;
 }
 
@@ -116,8 +119,8 @@ export function classifyEvent(f: Flow, e: KernelEvent, ctx: ClassifyContext): Cl
       };
     }
     case EventKind.DROP: {
-      const name = ctx.dropReasonName(e.reason);
-      if (BENIGN_DROPS.has(name)) return { stage: Stage.STAGE_DROP, milestone: false, effects: NO_EFFECTS };
+      if (BENIGN_DROPS.has(ctx.dropReasonName(e.reason))) return { stage: Stage.STAGE_DROP, milestone: false, effects: NO_EFFECTS };
+      const name = ctx.dropName?.(e) ?? ctx.dropReasonName(e.reason);
       return { stage: Stage.STAGE_DROP, ...once(f, `drop:${name}`), effects: { drop: name } };
     }
     case EventKind.CT_DESTROY:

@@ -14,6 +14,8 @@ import { FlowStatsRecord, KernelEvent, RuleTrace, Tuple } from '../events/decode
 import { Dir, EventKind, StatsReason } from '../events/layout';
 import { destTranslated, IPS_CONFIRMED, IPS_DST_NAT, IPS_SEEN_REPLY, IPS_SRC_NAT } from '../events/conntrack';
 import { wallNs } from '../clock';
+import { formatLocation } from '../events/kallsyms';
+import { dropName } from '../events/drop-name';
 import { TCP_CT_STATES } from '../events/conntrack';
 import { EventContext, longFromBigint, protoTuple } from './to-proto';
 import { KernelIngested, StatsIngested } from './ingested';
@@ -34,7 +36,8 @@ export class FlowTable implements FlowTableView {
   /** Flows by their packets as the backend receives them (after DNAT and SNAT): traces from a pod's namespace find their flow here. */
   private readonly byBackendTuple = new Map<string, Flow>();
   private nextId = 1;
-  private readonly opts: Required<Omit<FlowTableOptions, 'netnsName' | 'dropReasons' | 'deliveredThrough'>> & Pick<FlowTableOptions, 'netnsName' | 'deliveredThrough'>;
+  private readonly opts: Required<Omit<FlowTableOptions, 'netnsName' | 'dropReasons' | 'deliveredThrough' | 'dropLocations'>> &
+    Pick<FlowTableOptions, 'netnsName' | 'deliveredThrough' | 'dropLocations'>;
   /** deliveredThrough, read at most once per ingested batch. */
   private deliveredThroughNow?: bigint;
   private readonly dropReasons: Record<string, string>;
@@ -56,6 +59,7 @@ export class FlowTable implements FlowTableView {
       idleMs: opts.idleMs ?? 600_000,
       maxFlows: opts.maxFlows ?? 20_000,
       deliveredThrough: opts.deliveredThrough,
+      dropLocations: opts.dropLocations,
     };
     this.dropReasons = opts.dropReasons ?? {};
   }
@@ -91,6 +95,11 @@ export class FlowTable implements FlowTableView {
 
   dropReasonName(reason: number): string {
     return this.dropReasons[String(reason)] ?? `reason ${reason}`;
+  }
+
+  /** What a drop is called in its flow and the summary (events/kallsyms dropName). */
+  dropName(e: KernelEvent): string {
+    return dropName(this.dropReasonName(e.reason), this.dropLocation(e));
   }
 
   /**
@@ -541,6 +550,7 @@ export class FlowTable implements FlowTableView {
       stage,
       netnsName: e.ifindex || e.netnsIno ? this.opts.netnsName?.(e.netnsIno) : undefined,
       dropReasonName: e.kind === EventKind.DROP ? this.dropReasonName(e.reason) : undefined,
+      dropLocation: e.kind === EventKind.DROP ? this.dropLocation(e) : undefined,
       backend: f.backend,
       backendNetns: f.backendNetns,
       podSide: c.podSide,
@@ -550,7 +560,14 @@ export class FlowTable implements FlowTableView {
     return new KernelIngested(f, entry, e, context);
   }
 
-  private readonly classifyContext = { dropReasonName: (r: number) => this.dropReasonName(r), netnsName: (ino: number) => this.opts.netnsName?.(ino) };
+  private readonly classifyContext = { dropName: (e: KernelEvent) => this.dropName(e), dropReasonName: (r: number) => this.dropReasonName(r), netnsName: (ino: number) => this.opts.netnsName?.(ino) };
+
+  /** "nf_hook_slow+0x8c", or the address in hex when no function is known for it. */
+  private dropLocation(e: KernelEvent): string | undefined {
+    if (!e.dropLocation || e.dropLocation === '0') return undefined;
+    const at = this.opts.dropLocations?.locate(e.dropLocation);
+    return at ? formatLocation(at) : `0x${e.dropLocation}`;
+  }
 
   /** Applies what the classifier decided to the flow and the summary counters. */
   private apply(f: Flow, e: KernelEvent, c: Classification): void {

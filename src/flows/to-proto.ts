@@ -45,6 +45,8 @@ export interface EventContext {
   stage: pb.Stage;
   netnsName?: string;
   dropReasonName?: string;
+  /** Drops: the kernel code that freed the packet, "nf_hook_slow+0x8c" (hex when it has no name). */
+  dropLocation?: string;
   backend?: string;
   backendNetns?: string;
   /** Device events: the device is in a pod's namespace. */
@@ -120,6 +122,7 @@ export function toProtoEvent(e: KernelEvent, ctx: EventContext): pb.IEvent {
   if (e.kind === EventKind.DROP) {
     out.dropReason = e.reason;
     out.dropReasonName = ctx.dropReasonName ?? String(e.reason);
+    if (ctx.dropLocation) out.dropLocation = ctx.dropLocation;
   }
   if (e.kind === EventKind.FIB) {
     out.gateway = e.gateway;

@@ -1,6 +1,7 @@
 /** The flow model's types: a flow (one conntrack entry), a timeline entry, and what ingesting an event yields. */
 import { svctrace } from '../gen/svctrace';
 import type { RuleTrace, Tuple } from '../events/decode';
+import type { KernelLocation } from '../events/kallsyms';
 import type { ServiceSpec } from '../net/ipv4';
 
 import pb = svctrace.v1;
@@ -93,6 +94,8 @@ export interface FlowTableOptions {
   services: ServiceSpec[];
   dropReasons?: Record<string, string>;
   netnsName?: (inode: number) => string | undefined;
+  /** Names the kernel code that freed a dropped packet (events/kallsyms DropLocations); without it, drops show its address. */
+  dropLocations?: { locate(hexAddr: string): KernelLocation | undefined };
   /** How long a closed flow stays before it is expired, by the kernel time delivered (default 2 s: its entry is gone, and its events came before its end). */
   closeGraceMs?: number;
   /** Flows with no event for this long are expired (default 10 min). */

@@ -23,6 +23,7 @@ import { podUidsByNetns } from '../k8s/pod-netns';
 import { CURRENT_NETNS, NETNS_RUN_DIR, resolveNetns } from '../netns/netns';
 import type { ServiceSpec } from '../net/ipv4';
 import type { DecodedBatch } from '../events/decode';
+import { DropLocations } from '../events/kallsyms';
 import { FlowTable } from '../flows/flow-table';
 import { NetnsNames } from '../flows/netns-names';
 import { flowToProto } from '../flows/to-proto';
@@ -175,6 +176,7 @@ export class Pipeline {
       const table = new FlowTable({
         services: opts.services,
         dropReasons: tracer.dropReasons(),
+        dropLocations: new DropLocations(),
         netnsName: (ino) => names.name(ino),
         closeGraceMs: opts.closeGraceMs,
         maxFlows: opts.maxFlows,

@@ -1,6 +1,7 @@
 /** `svctrace inspect`: a person's summary of a recording. */
 import { svctrace } from '../gen/svctrace';
 import { Recording, readRecording } from './reader';
+import { dropName } from '../events/drop-name';
 
 import pb = svctrace.v1;
 
@@ -54,7 +55,7 @@ export function inspect(path: string): { text: string; recording: Recording } {
       if (e.backend) f.backend = e.backend;
       if (e.backendNetns) f.backendNetns = e.backendNetns;
       if (!f.client && e.conntrack?.original?.src) f.client = `${e.conntrack.original.src}:${e.conntrack.original.srcPort}`;
-      if (e.kind === pb.EventKind.EVENT_KIND_DROP && !e.benignDrop && e.dropReasonName) f.drops.add(e.dropReasonName);
+      if (e.kind === pb.EventKind.EVENT_KIND_DROP && !e.benignDrop && e.dropReasonName) f.drops.add(dropName(e.dropReasonName, e.dropLocation));
       if (e.tcpFlags?.includes('RST')) f.reset = true;
       if (e.kind === pb.EventKind.EVENT_KIND_CT_DESTROY) f.closed = true;
     }

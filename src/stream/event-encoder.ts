@@ -51,6 +51,7 @@ export const enum Tag {
   BACKEND_POD = 234,
   COUNTERS = 242,
   NODE = 250,
+  DROP_LOCATION = 258,
   // Tuple
   T_SRC = 10,
   T_DST = 18,
@@ -207,4 +208,5 @@ export function encodeEvent(e: pb.IEvent, w: EventWriter): void {
   str(w, Tag.BACKEND_POD, e.backendPod);
   if (e.counters) counters(w, e.counters);
   str(w, Tag.NODE, e.node);
+  str(w, Tag.DROP_LOCATION, e.dropLocation);
 }

@@ -359,4 +359,5 @@ export function encodeKernelEvent(item: KernelIngested, w: EventWriter): void {
   if (ctx.benignDrop) w.uint32(Tag.BENIGN_DROP).bool(true);
   str(w, Tag.SERVICE_NAME, ctx.serviceName);
   str(w, Tag.BACKEND_POD, ctx.backendPod);
+  str(w, Tag.DROP_LOCATION, ctx.dropLocation);
 }

@@ -21,7 +21,7 @@ export function ev(over: Partial<KernelEvent>): KernelEvent {
     ctReply: (over.ctStatus ?? 0) & IPS_DST_NAT ? reply : unNatted,
     ctStatus: 0, ctMark: 0, ctTimeoutMs: 0, netnsIno: 111, ifindex: 2, nfPriority: -101, reason: 0, pktLen: 60,
     ctZone: 0, nfHook: 3, ctinfo: 2, tcpFlags: 2, ctTcpState: 1, nfStage: NfStage.BEFORE_NAT, dir: Dir.ORIGINAL,
-    serviceId: 1, gateway: '', ifname: 'cni0', linkKind: 'bridge', icmpType: 0, icmpCode: 0, ctBirth: 0, ...over,
+    serviceId: 1, gateway: '', ifname: 'cni0', linkKind: 'bridge', icmpType: 0, icmpCode: 0, ctBirth: 0, dropLocation: '', ...over,
   };
 }
 

@@ -59,6 +59,17 @@ export function dropReasonName(name: string): string {
   return hasDropReasons ? name : 'UNKNOWN';
 }
 
+/**
+ * What a drop with the kernel's reason `name` is called in its flow and the
+ * summary on this kernel: the reason where kfree_skb carries one; before
+ * 5.17, UNKNOWN and the function that freed the packet. Only for the drops
+ * whose place is known: a netfilter rule's DROP is freed in nf_hook_slow.
+ */
+export function dropName(name: 'NETFILTER_DROP'): string {
+  const reason = dropReasonName(name);
+  return reason === 'UNKNOWN' ? 'UNKNOWN in nf_hook_slow' : reason;
+}
+
 let backendCache: Backend | undefined;
 
 /** The attach backend a tracer opened now picks ($SVCTRACE_BACKEND, else the kernel's best). */

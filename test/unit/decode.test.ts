@@ -28,6 +28,16 @@ function record(over: { kind?: number; size?: number; daddr?: number[]; dport?: 
 }
 
 describe('decodeBatch', () => {
+  it('a drop carries the address that freed it, in hex; other kinds carry none', () => {
+    const drop = record({ kind: EventKind.DROP });
+    drop.writeBigUInt64LE(0xffffffff81f8269cn, F.drop_location[0]);
+    const nf = record();
+    nf.writeBigUInt64LE(0xffffffff81f8269cn, F.drop_location[0]);
+    const [d, n] = decodeBatch(Buffer.concat([drop, nf])).events;
+    assert.equal(d!.dropLocation, 'ffffffff81f8269c');
+    assert.equal(n!.dropLocation, '');
+  });
+
   it('nf_conn addresses: distinct addresses get distinct keys and their own hex; no address, key 0', () => {
     const at = (addr: bigint) => {
       const b = record();

@@ -8,6 +8,7 @@ import { parseServiceSpec } from '../../src/net/ipv4';
 import { svctrace } from '../../src/gen/svctrace';
 import { ctKeyOf, ev, orig, reply } from '../helpers/kernel-events';
 import { eventSummary } from '../../src/output/event-summary';
+import { DropLocations, KernelSymbols } from '../../src/events/kallsyms';
 import { observeFlows } from '../../src/explain/diagnose';
 import type { DiscoveredService } from '../../src/discovery/model';
 import { flowFailed, flowLine, formatSummary, stageLabel } from '../../src/output/flow-text';
@@ -539,5 +540,47 @@ describe('FlowTable', () => {
       t.ingestRuleTraces([], now + 60_001);
       assert.equal(t.pendingTraceGroups, 0, 'a minute, whatever the ring does');
     });
+  });
+});
+
+describe('FlowTable: where the kernel freed a dropped packet', () => {
+  const symbols = KernelSymbols.parse(['ffffffff81f82610 T nf_hook_slow', 'ffffffff82055850 t ip_rcv_core', 'ffffffff82055f00 T ip_rcv'].join('\n'));
+  const table = (locate = true) =>
+    new FlowTable({
+      services: [parseServiceSpec('10.96.0.100:80')],
+      dropReasons: { '0': 'UNKNOWN', '2': 'NOT_SPECIFIED', '12': 'NETFILTER_DROP' },
+      dropLocations: locate ? new DropLocations(() => symbols) : undefined,
+    });
+
+  it('a drop without a reason is named by the function that freed it, in its flow, the summary and the event', () => {
+    const t = table();
+    t.ingest([ev({ tsNs: 1n })]);
+    const [item] = t.ingest([ev({ tsNs: 2n, kind: EventKind.DROP, reason: 0, dropLocation: 'ffffffff81f8269c' })]);
+    assert.deepEqual(t.flows()[0]!.drops, ['UNKNOWN in nf_hook_slow']);
+    assert.deepEqual(t.summary().dropsByReason, { 'UNKNOWN in nf_hook_slow': 1 });
+    assert.equal(item!.event.dropReasonName, 'UNKNOWN', 'the kernel reason stays as the kernel gave it');
+    assert.equal(item!.event.dropLocation, 'nf_hook_slow+0x8c');
+    assert.match(eventSummary(item!.event), /DROPPED \(UNKNOWN in nf_hook_slow\+0x8c\)/);
+    // NOT_SPECIFIED (a kernel with reasons, a place without one) is named the same way.
+    const [other] = t.ingest([ev({ tsNs: 3n, kind: EventKind.DROP, reason: 2, dropLocation: 'ffffffff82055860' })]);
+    assert.equal(other!.event.dropLocation, 'ip_rcv_core+0x10');
+    assert.deepEqual(t.flows()[0]!.drops, ['UNKNOWN in nf_hook_slow', 'NOT_SPECIFIED in ip_rcv_core']);
+  });
+
+  it('a drop with a reason keeps its name; its place still goes with the event', () => {
+    const t = table();
+    t.ingest([ev({ tsNs: 1n })]);
+    const [item] = t.ingest([ev({ tsNs: 2n, kind: EventKind.DROP, reason: 12, dropLocation: 'ffffffff81f8269c' })]);
+    assert.deepEqual(t.flows()[0]!.drops, ['NETFILTER_DROP']);
+    assert.equal(item!.event.dropLocation, 'nf_hook_slow+0x8c');
+  });
+
+  it('with no symbol table (or an address it does not hold) the address shows in hex, and the name stays the reason', () => {
+    for (const [t, at] of [[table(false), 'ffffffff81f8269c'], [table(), 'ffffffff80000010']] as const) {
+      t.ingest([ev({ tsNs: 1n })]);
+      const [item] = t.ingest([ev({ tsNs: 2n, kind: EventKind.DROP, reason: 0, dropLocation: at })]);
+      assert.equal(item!.event.dropLocation, `0x${at}`);
+      assert.deepEqual(t.flows()[0]!.drops, ['UNKNOWN']);
+    }
   });
 });

@@ -51,7 +51,7 @@ function connection(over: Partial<KernelEvent> = {}): KernelEvent[] {
     o({ tsNs: 131n, dir: Dir.REPLY, nfHook: 1, nfStage: NfStage.BEFORE_NAT, nfPriority: -101, tcpFlags: 0x10, ctTcpState: 3, pkt: reply, ctStatus: ct | IPS_SEEN_REPLY | IPS_ASSURED | IPS_SRC_NAT }),
     o({ tsNs: 140n, kind: EventKind.DROP, reason: 12, pkt: dnated, ctStatus: ct, capture: Uint8Array.from([0x45, 0, 0, 60]) }),
     o({ tsNs: 141n, kind: EventKind.DROP, reason: 27, pkt: dnated, ctStatus: ct }),
-    o({ tsNs: 142n, kind: EventKind.DROP, reason: 99, pkt: dnated, ctOrig: { ...orig, proto: 0 }, ctStatus: 0 }),
+    o({ tsNs: 142n, kind: EventKind.DROP, reason: 99, pkt: dnated, ctOrig: { ...orig, proto: 0 }, ctStatus: 0, dropLocation: 'ffffffff81f8269c' }),
     o({ tsNs: 150n, tcpFlags: 0x11, ctTcpState: 7, ctStatus: ct | IPS_SEEN_REPLY | IPS_ASSURED }),
     o({ tsNs: 160n, tcpFlags: 0x04, ctTcpState: 8, ctStatus: ct | IPS_SEEN_REPLY | IPS_ASSURED }),
     o({ tsNs: 170n, kind: EventKind.CT_DESTROY, ctStatus: ct | IPS_SEEN_REPLY | IPS_ASSURED }),
