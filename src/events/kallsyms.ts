@@ -4,8 +4,9 @@
  * drop carries no reason, and that place is all it tells: `nf_hook_slow` is
  * a netfilter rule's DROP, `ip_rcv_core` a malformed or foreign packet.
  *
- * The table is read once, when the first drop needs a name (about 60 ms and
- * a few MB for the ~120k functions of a distribution kernel), and kept: a
+ * The table is read once, when the first drop needs a name (about 150 ms of
+ * the JS thread, and 3 MB kept, for the ~120k functions of this project's
+ * hosts), and kept: a
  * kernel's functions do not change while svctrace runs (a module loaded
  * later is named by its hex address). Pure parsing and lookup here; the file
  * is read by `KernelSymbols.load`.
@@ -43,9 +44,18 @@ export function formatLocation(l: KernelLocation): string {
 const MAX_FUNCTION_BYTES = 1 << 20;
 
 export class KernelSymbols {
+  /**
+   * Sorted by address: starts[i] is function i's, its name
+   * names.slice(nameAt[i], nameAt[i + 1]) and its module
+   * modules[moduleOf[i]] (0: the kernel). One string of all names, not a
+   * string each: about 2 MB for 120k functions, not the 8 MB that strings
+   * sliced from the file (keeping it alive) took.
+   */
   private constructor(
     private readonly starts: Float64Array,
-    private readonly names: string[],
+    private readonly names: string,
+    private readonly nameAt: Uint32Array,
+    private readonly moduleOf: Uint16Array,
     private readonly modules: string[],
   ) {}
 
@@ -61,7 +71,9 @@ export class KernelSymbols {
    * that read as 0 (hidden from this process) give an empty table.
    */
   static parse(text: string): KernelSymbols {
-    const rows: { at: number; name: string; module: string }[] = [];
+    const rows: { at: number; name: string; module: number }[] = [];
+    const modules = [''];
+    const moduleIds = new Map<string, number>([['', 0]]);
     let from = 0;
     while (from < text.length) {
       let end = text.indexOf('\n', from);
@@ -79,15 +91,25 @@ export class KernelSymbols {
       const tab = rest.indexOf('\t');
       const name = (tab < 0 ? rest : rest.slice(0, tab)).trim();
       if (!name) continue;
-      const module = tab < 0 ? '' : rest.slice(tab + 1).trim().replace(/^\[|\]$/g, '');
-      rows.push({ at, name, module });
+      const moduleName = tab < 0 ? '' : rest.slice(tab + 1).trim().replace(/^\[|\]$/g, '');
+      let module = moduleIds.get(moduleName);
+      if (module === undefined && modules.length < 0xffff) {
+        module = modules.push(moduleName) - 1;
+        moduleIds.set(moduleName, module);
+      }
+      rows.push({ at, name, module: module ?? 0 });
     }
     rows.sort((a, b) => a.at - b.at);
-    return new KernelSymbols(
-      Float64Array.from(rows, (r) => r.at),
-      rows.map((r) => r.name),
-      rows.map((r) => r.module),
-    );
+    const nameAt = new Uint32Array(rows.length + 1);
+    let total = 0;
+    rows.forEach((r, i) => {
+      nameAt[i] = total;
+      total += r.name.length;
+    });
+    nameAt[rows.length] = total;
+    // One flat string: the rows' names (slices of the whole file, keeping it alive) go with them.
+    const names = rows.map((r) => r.name).join('');
+    return new KernelSymbols(Float64Array.from(rows, (r) => r.at), names, nameAt, Uint16Array.from(rows, (r) => r.module), modules);
   }
 
   /** Reads the running kernel's table; an empty one when it cannot be read (addresses then show in hex). */
@@ -114,7 +136,7 @@ export class KernelSymbols {
     }
     const offset = at - this.starts[lo]!;
     if (offset >= MAX_FUNCTION_BYTES) return undefined;
-    return { func: this.names[lo]!, offset, module: this.modules[lo]! };
+    return { func: this.names.slice(this.nameAt[lo]!, this.nameAt[lo + 1]!), offset, module: this.modules[this.moduleOf[lo]!]! };
   }
 }
 
