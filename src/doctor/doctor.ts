@@ -158,7 +158,7 @@ export function runDoctor(opts: { netns?: string } = {}): DoctorReport {
   checks.push(backendCheck(features));
   checks.push(fromProbe('tpBtf', 'tp_btf', features?.tpBtf, true, 'tp_btf/kfree_skb loaded and attached (drops)', 'needs BTF-enabled tracepoints (Linux >= 5.5 with CONFIG_DEBUG_INFO_BTF=y)'));
   checks.push(fromProbe('dropReason', 'drop reasons', features?.dropReason, false, "kfree_skb carries the kernel's drop reason",
-    "optional: this kernel's kfree_skb has no drop reason (Linux < 5.17): drops show as UNKNOWN, named by the kernel function that freed the packet (UNKNOWN in nf_hook_slow: a netfilter rule's DROP)"));
+    "optional: this kernel's kfree_skb has no drop reason (Linux < 5.17): drops show as UNKNOWN, named by the kernel function that freed the packet (UNKNOWN@nf_hook_slow: a netfilter rule's DROP)"));
   checks.push(fromProbe('kprobe', 'kprobes', features?.kprobe, false, 'kprobe attached to a vmlinux function',
     'optional: kprobes unavailable on this kernel (only the kprobe backend needs them)'));
   checks.push(fromProbe('fentry', 'fentry', features?.fentry, false, 'fentry program loaded and attached to a vmlinux function',

@@ -4,11 +4,12 @@
  * What a drop is called in its flow, the summary and the dashboard: its
  * reason, and where the kernel gives none (UNKNOWN before Linux 5.17,
  * NOT_SPECIFIED after) the function that freed the packet (`location` as
- * formatLocation in kallsyms.ts writes it), "UNKNOWN in nf_hook_slow". An address with no
+ * formatLocation in kallsyms.ts writes it), "UNKNOWN@nf_hook_slow". An address with no
  * name (hex) adds nothing: it would make each drop site a name of its own.
  */
 export function dropName(reason: string, location: string | null | undefined): string {
   if ((reason !== 'UNKNOWN' && reason !== 'NOT_SPECIFIED') || !location || location.startsWith('0x')) return reason;
   const plus = location.indexOf('+');
-  return `${reason} in ${plus > 0 ? location.slice(0, plus) : location}`;
+  // One word (no spaces): it reads inside the summary's "NAME=3 packets", a diagnosis's "(NAME in 3)".
+  return `${reason}@${plus > 0 ? location.slice(0, plus) : location}`;
 }

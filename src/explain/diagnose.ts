@@ -408,7 +408,7 @@ const CHI2_P001 = [0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12, 27
  * netfilter frees what a rule dropped.
  */
 function isNetfilterDrop(name: string): boolean {
-  return name === 'NETFILTER_DROP' || name.endsWith(' in nf_hook_slow');
+  return name === 'NETFILTER_DROP' || name.endsWith('@nf_hook_slow');
 }
 
 /** Drop reasons that say where a packet could not go. */

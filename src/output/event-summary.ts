@@ -72,7 +72,7 @@ function baseSummary(e: pb.IEvent): string {
     case pb.EventKind.EVENT_KIND_DROP: {
       const name = e.dropReasonName || String(e.dropReason ?? 0);
       // Where the kernel freed it: all a drop tells before Linux 5.17 (UNKNOWN), and what NOT_SPECIFIED means.
-      const by = e.dropLocation ? ` in ${e.dropLocation}` : '';
+      const by = e.dropLocation ? `, freed by ${e.dropLocation}` : '';
       const at = e.device?.name ? ` at ${e.device.name}` : '';
       const ns = e.device?.netns ? ` in ${e.device.netns}` : '';
       return `${e.benignDrop ? 'freed' : 'DROPPED'} (${name}${by})${at}${ns}: ${pkt}`;

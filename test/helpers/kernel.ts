@@ -67,7 +67,7 @@ export function dropReasonName(name: string): string {
  */
 export function dropName(name: 'NETFILTER_DROP'): string {
   const reason = dropReasonName(name);
-  return reason === 'UNKNOWN' ? 'UNKNOWN in nf_hook_slow' : reason;
+  return reason === 'UNKNOWN' ? 'UNKNOWN@nf_hook_slow' : reason;
 }
 
 let backendCache: Backend | undefined;

@@ -181,7 +181,7 @@ describe('svctrace trace CLI (kernel)', () => {
       // (nf_hook_slow), or on recent kernels nftables itself (nft_do_chain
       // frees what its rule dropped, with the reason).
       assert.match(drop.dropLocation ?? '', /^(nf_hook_slow|nft_do_chain)\+0x[0-9a-f]+( \[nf_tables\])?$/, seen());
-      assert.match(drop.summary ?? '', /DROPPED \(\w+ in (nf_hook_slow|nft_do_chain)\+0x[0-9a-f]+/);
+      assert.match(drop.summary ?? '', /DROPPED \(\w+, freed by (nf_hook_slow|nft_do_chain)\+0x[0-9a-f]+/);
       assert.match(t.err(), new RegExp(`${dropName('NETFILTER_DROP')}=\\d+ packets in \\d+ flow`));
     } finally {
       t.child.kill('SIGINT');

@@ -113,6 +113,12 @@ describe('iptables-save discovery', () => {
     const rejected = diagnoseTraffic(web, traffic({ droppedBy: new Map([['NETFILTER_DROP', 4]]), icmpBy: new Map([['port unreachable', 4]]) }), view({}));
     assert.deepEqual(one(rejected), ['BACKEND_FILTERED backend 10.244.1.11:8080']);
     assert.match(rejected.find((x) => x.code === 'BACKEND_FILTERED')!.summary, /a firewall rejected them/);
+    // A pod dropping its own replies: a firewall (by its reason, or before
+    // Linux 5.17 by where netfilter freed them), not a broken reply path.
+    for (const [reason, code] of [['NETFILTER_DROP', 'BACKEND_FILTERED'], ['UNKNOWN@nf_hook_slow', 'BACKEND_FILTERED'], ['UNKNOWN@ip_rcv_core', 'REPLY_PATH_BROKEN']]) {
+      const replies = traffic({ droppedBy: new Map([[reason, 4]]), replyDroppedAt: new Map([[`${reason} at eth0 in pod1-ns`, 4]]) });
+      assert.deepEqual(one(diagnoseTraffic(web, replies, view({}))), [`${code} backend 10.244.1.11:8080`], reason);
+    }
     const away = diagnoseTraffic(web, traffic({}), view({ replyPathOf: () => ({ dev: 'other0', expected: 'eth0', netns: 'pod1-ns' }) }));
     assert.deepEqual(one(away), ['REPLY_PATH_BROKEN backend 10.244.1.11:8080']);
     assert.match(away[0]!.summary, /out of other0, not eth0/);

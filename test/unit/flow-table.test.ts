@@ -556,15 +556,15 @@ describe('FlowTable: where the kernel freed a dropped packet', () => {
     const t = table();
     t.ingest([ev({ tsNs: 1n })]);
     const [item] = t.ingest([ev({ tsNs: 2n, kind: EventKind.DROP, reason: 0, dropLocation: 'ffffffff81f8269c' })]);
-    assert.deepEqual(t.flows()[0]!.drops, ['UNKNOWN in nf_hook_slow']);
-    assert.deepEqual(t.summary().dropsByReason, { 'UNKNOWN in nf_hook_slow': 1 });
+    assert.deepEqual(t.flows()[0]!.drops, ['UNKNOWN@nf_hook_slow']);
+    assert.deepEqual(t.summary().dropsByReason, { 'UNKNOWN@nf_hook_slow': 1 });
     assert.equal(item!.event.dropReasonName, 'UNKNOWN', 'the kernel reason stays as the kernel gave it');
     assert.equal(item!.event.dropLocation, 'nf_hook_slow+0x8c');
-    assert.match(eventSummary(item!.event), /DROPPED \(UNKNOWN in nf_hook_slow\+0x8c\)/);
+    assert.match(eventSummary(item!.event), /DROPPED \(UNKNOWN, freed by nf_hook_slow\+0x8c\)/);
     // NOT_SPECIFIED (a kernel with reasons, a place without one) is named the same way.
     const [other] = t.ingest([ev({ tsNs: 3n, kind: EventKind.DROP, reason: 2, dropLocation: 'ffffffff82055860' })]);
     assert.equal(other!.event.dropLocation, 'ip_rcv_core+0x10');
-    assert.deepEqual(t.flows()[0]!.drops, ['UNKNOWN in nf_hook_slow', 'NOT_SPECIFIED in ip_rcv_core']);
+    assert.deepEqual(t.flows()[0]!.drops, ['UNKNOWN@nf_hook_slow', 'NOT_SPECIFIED@ip_rcv_core']);
   });
 
   it('a drop with a reason keeps its name; its place still goes with the event', () => {
