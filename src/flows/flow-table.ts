@@ -97,7 +97,7 @@ export class FlowTable implements FlowTableView {
     return this.dropReasons[String(reason)] ?? `reason ${reason}`;
   }
 
-  /** What a drop is called in its flow and the summary (events/kallsyms dropName). */
+  /** What a drop is called in its flow and the summary (events/drop-name). */
   dropName(e: KernelEvent): string {
     return dropName(this.dropReasonName(e.reason), this.dropLocation(e));
   }
