@@ -551,7 +551,7 @@ static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_
 	unsigned char *nh;
 	__u32 svc, status, bit, h, zero = 0;
 	__u8 hook, dir, ctinfo, tcp_state = 0;
-	bool counting, emit, first, first_here = false, ended = false;
+	bool counting, emit, first, first_here = false, ended = false, after_end = false;
 	__u64 now, pkt;
 
 	nfct = SVT_LOAD(probed, skb, _nfct);
@@ -625,8 +625,10 @@ static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_
 			st->tcp_flags[dir & 1] |= facts.tcp_flags;
 			/* After the counters: a packet counted while its end's
 			 * record is being written clears the mark either way. */
-			if (st->end_sent)
+			if (st->end_sent) {
 				st->end_sent = 0;
+				after_end = true;
+			}
 			svt_count(SVT_CNT_PACKETS);
 		}
 		/* Reporting state, not counters: a race between CPUs costs at
@@ -648,6 +650,13 @@ static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_
 			 * TIME_WAIT): its counters now are its last, written at once. */
 			ended = counting && (tcp_state == TCP_CONNTRACK_TIME_WAIT || tcp_state == TCP_CONNTRACK_CLOSE);
 		}
+		/* A packet after the end (a resent FIN or last ACK, the entry in
+		 * TIME_WAIT): the end's counters again, at once. Left for the
+		 * destroy, they came minutes later (TIME_WAIT is two), when
+		 * user space had long let the flow go, and were not applied:
+		 * the flow's final counters fell short of conntrack's. */
+		if (after_end && (tcp_state == TCP_CONNTRACK_TIME_WAIT || tcp_state == TCP_CONNTRACK_CLOSE))
+			ended = true;
 	} else if (!(status & IPS_CONFIRMED)) {
 		/* no state to remember it by (map full): report the first packet anyway */
 		emit = first_here = true;

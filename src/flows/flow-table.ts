@@ -41,7 +41,7 @@ export class FlowTable implements FlowTableView {
   /** deliveredThrough, read at most once per ingested batch. */
   private deliveredThroughNow?: bigint;
   private readonly dropReasons: Record<string, string>;
-  private readonly summaryCounters: FlowSummary = { flows: 0, closed: 0, perBackend: {}, dropsByReason: {}, dropFlowsByReason: {}, resets: 0, evicted: 0, countedOnly: 0 };
+  private readonly summaryCounters: FlowSummary = { flows: 0, closed: 0, perBackend: {}, dropsByReason: {}, dropFlowsByReason: {}, resets: 0, evicted: 0, lateCounters: 0, countedOnly: 0 };
   /** Rule traces that were waiting for a flow, emitted right after its first event. */
   private readonly deferred: Ingested[] = [];
   /** Flows of entries older than the one at their address, made from their late records (see olderEntryFlow). */
@@ -67,6 +67,11 @@ export class FlowTable implements FlowTableView {
   /** Flows evicted by the cap so far (read on every status: no summary copy). */
   get evicted(): number {
     return this.summaryCounters.evicted;
+  }
+
+  /** What the table lost (the flow_table stage): flows evicted by the cap, and counter records that came after their flow had left it. */
+  get lost(): number {
+    return this.summaryCounters.evicted + this.summaryCounters.lateCounters;
   }
 
   get size(): number {
@@ -155,8 +160,18 @@ export class FlowTable implements FlowTableView {
       else detached = true;
       f = undefined;
     }
+    if (!f && !this.unseen(r)) {
+      // A flow that was here and left: a packet counted after its end
+      // (a resent FIN or last ACK, the connection in TIME_WAIT) makes the
+      // kernel write its end's counters again. They go to the flow the
+      // sinks already have, if it left recently; else they are counted lost.
+      f = this.endedFlow(r);
+      if (!f) {
+        this.summaryCounters.lateCounters++;
+        return undefined;
+      }
+    }
     if (!f) {
-      if (!this.unseen(r)) return undefined;
       // A counted-only connection known by its end alone (the kernel's one
       // record of it): it is over, and nothing more is owed of it (its
       // destroy sends nothing), so it goes to the sinks as ended and never
@@ -197,7 +212,10 @@ export class FlowTable implements FlowTableView {
       f.closedTsNs = r.tsNs;
       this.summaryCounters.closed++;
     }
-    if (detached) this.retired.push(f); // to the sinks as ended, never in the table
+    if (detached) {
+      this.retired.push(f); // to the sinks as ended, never in the table
+      this.rememberEnded(f);
+    }
     const entry: TimelineEntry = { tsNs: r.tsNs, stage: Stage.STAGE_UNSPECIFIED, milestone: false };
     // Its wire event is made only if a sink reads it: a counted-only flow
     // is its counter records, and most are only modelled or streamed.
@@ -701,10 +719,39 @@ export class FlowTable implements FlowTableView {
       if (f.ruleTraces && nowMs - f.ruleTraces.atMs > SPLIT_TRACE_MAX_MS) f.ruleTraces = undefined;
       if ((f.closed && f.closedTsNs !== undefined && nowNs - f.closedTsNs >= graceNs) || nowNs - f.lastTsNs >= idleNs) gone.push(f);
     }
-    for (const f of gone) this.remove(f);
+    for (const f of gone) {
+      this.remove(f);
+      if (f.closed) this.rememberEnded(f);
+    }
     return gone;
   }
+
+  /**
+   * The last ENDED_RECENTLY_MAX flows that left the table closed (or went
+   * to the sinks at their end without a stay in it), for the counters a
+   * packet after a connection's end brings (applyStats): a ring of
+   * references, written once per flow and searched only for such a record.
+   * Memory is the ring's; in a storm it covers a fraction of a second.
+   */
+  private readonly endedRecently: (Flow | undefined)[] = new Array<Flow | undefined>(ENDED_RECENTLY_MAX);
+  private endedNext = 0;
+
+  private rememberEnded(f: Flow): void {
+    this.endedRecently[this.endedNext] = f;
+    this.endedNext = (this.endedNext + 1) % ENDED_RECENTLY_MAX;
+  }
+
+  /** The recently ended flow a record is of (its address, tuple and birth), if still remembered. */
+  private endedFlow(r: FlowStatsRecord): Flow | undefined {
+    for (const f of this.endedRecently) {
+      if (f && f.key === r.ctKey && sameTuple(f.orig, r.orig) && (f.ctBirth === 0 || f.ctBirth === r.ctBirth)) return f;
+    }
+    return undefined;
+  }
 }
+
+/** Flows remembered after they left, for counters a packet after their end brings (see FlowTable.endedRecently). */
+const ENDED_RECENTLY_MAX = 1024;
 
 /**
  * The empty list every new flow starts with, for its drops, ICMP errors,

@@ -122,6 +122,12 @@ export interface FlowSummary {
   resets: number;
   /** Flows removed from the table to stay under maxFlows (their later events start new flows). */
   evicted: number;
+  /**
+   * Counter records that came after their flow had left the table and was
+   * no longer remembered (a packet after a connection's end, long after it
+   * or in a storm): not applied, counted as lost (stage flow_table).
+   */
+  lateCounters: number;
   /** Flows seen that were counted only (over the detail budget, --detail-rate): in `flows` too. */
   countedOnly: number;
 }

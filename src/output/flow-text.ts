@@ -122,7 +122,7 @@ export function formatSummary(s: FlowSummary, stats: TracerStats, backendName: (
   const drops = Object.entries(s.dropsByReason);
   const flowsOf = (r: string) => s.dropFlowsByReason?.[r] ?? 0;
   lines.push(drops.length ? `  drops by reason: ${drops.map(([r, n]) => `${r}=${n} packets in ${flowsOf(r)} flow${flowsOf(r) === 1 ? '' : 's'}`).join(', ')}` : '  drops: none');
-  const losses = { ...kernelLosses(stats), flow_table: s.evicted };
+  const losses = { ...kernelLosses(stats), flow_table: s.evicted + (s.lateCounters ?? 0) };
   const lost = totalLost(losses);
   lines.push(
     `  events: ${stats.recordsRead} kernel + ${stats.ctDestroyEvents} conntrack destroy (${stats.packetsCounted} packets counted in the kernel), lost: ${lost}` +

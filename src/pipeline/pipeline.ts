@@ -361,7 +361,7 @@ export class Pipeline {
 
   /** Events lost so far, per stage: the kernel's and the addon's counters, and the flow table's evictions. */
   losses(): Partial<StageLosses> {
-    return { ...kernelLosses(this.stats()), flow_table: this.table.evicted };
+    return { ...kernelLosses(this.stats()), flow_table: this.table.lost };
   }
 
   /** Stops the kernel source, lets in-flight batches land, closes the sinks in order. Idempotent. */

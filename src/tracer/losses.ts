@@ -24,7 +24,7 @@ export interface StageLosses {
   rule_trace_netlink: number;
   /** Records read but not handed to JavaScript when the tracer stopped. */
   shutdown: number;
-  /** Flows removed from the flow table to stay under its cap. */
+  /** Flows removed from the flow table to stay under its cap, and counter records that came after their flow had left it. */
   flow_table: number;
   /** Events a streaming client missed because it read too slowly (all clients). */
   client_queues: number;

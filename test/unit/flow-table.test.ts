@@ -124,8 +124,14 @@ describe('FlowTable', () => {
     assert.equal(t.flows().includes(ended!.flow), false, 'not kept in the table');
     assert.ok(t.takeRetired().includes(ended!.flow), 'handed to the sinks as ended');
     assert.deepEqual(t.indexSizes(), indexed, 'in no index (its own backend tuple, with another client port, included)');
-    // A late record of it (a packet counted after its end) makes no second flow.
-    assert.deepEqual(t.ingest([], [stats({ ctId: 'ffa4', orig: endOnly, reply: natted, countedOnly: true, delivered: true, packets: [7, 5], tcpState: 7, tsNs: 960n })]), []);
+    // A late record of it (a packet counted after its end: the kernel writes
+    // the end's counters again) makes no second flow: it corrects this one.
+    const late = t.ingest([], [stats({ ctId: 'ffa4', orig: endOnly, reply: natted, countedOnly: true, delivered: true, packets: [7, 5], tcpState: 7, reason: StatsReason.ENDED, tsNs: 960n })]);
+    assert.equal(late.length, 1);
+    assert.equal(late[0]!.flow, ended!.flow, 'the same flow the sinks already have');
+    assert.deepEqual(ended!.flow.packets, [7, 5]);
+    assert.equal(t.flows().includes(ended!.flow), false, 'still not in the table');
+    assert.equal(t.summary().lateCounters, 0);
     // A flow not DNATed (reply is the original reversed) has no backend.
     const b: Tuple = { ...orig, saddr: '10.250.0.2', sport: 41101 };
     const [plain] = t.ingest([], [stats({ ctId: 'ffa2', orig: b, reply: { saddr: b.daddr, daddr: b.saddr, sport: b.dport, dport: b.sport, proto: 6 }, countedOnly: true, delivered: false })]);
@@ -582,5 +588,35 @@ describe('FlowTable: where the kernel freed a dropped packet', () => {
       assert.equal(item!.event.dropLocation, `0x${at}`);
       assert.deepEqual(t.flows()[0]!.drops, ['UNKNOWN']);
     }
+  });
+});
+
+describe('FlowTable: counters that come after a flow left', () => {
+  it('a packet after the end corrects a flow that expired closed; one no longer remembered is counted lost', () => {
+    const t = new FlowTable({ services: [parseServiceSpec('10.96.0.100:80')], closeGraceMs: 1000 });
+    // A detailed connection ends (TIME_WAIT) and leaves the table after the grace.
+    t.ingest(
+      [ev({ tsNs: 100n, ctStatus: IPS_DST_NAT, ctReply: reply }), ev({ tsNs: 190n, ctStatus: IPS_DST_NAT | IPS_CONFIRMED | IPS_SEEN_REPLY, ctTcpState: 7, tcpFlags: 0x10, ctReply: reply })],
+      [stats({ tsNs: 200n, reason: StatsReason.ENDED, packets: [6, 5], bytes: [400, 500], tcpState: 7, reply })],
+    );
+    const [f] = t.flows();
+    assert.ok(f!.closed && f!.countersFinal);
+    assert.deepEqual(t.expire(200n + 1_000_000_000n), [f]);
+    // Its server resends its FIN, the client ACKs it again: the kernel writes the end again.
+    const late = t.ingest([], [stats({ tsNs: 2_000_000_000n, lastNs: 2_000_000_000n, reason: StatsReason.ENDED, packets: [7, 6], bytes: [452, 552], tcpState: 7, reply })]);
+    assert.equal(late.length, 1);
+    assert.equal(late[0]!.flow, f, 'the flow the sinks had');
+    assert.deepEqual([f!.packets, f!.bytes], [[7, 6], [452, 552]]);
+    assert.equal(t.lost, 0);
+    // After a thousand other connections ended, it is no longer remembered: counted, not applied, not a new flow.
+    for (let i = 0; i < 1100; i++) {
+      const o = { ...orig, sport: 20000 + i };
+      t.ingest([], [stats({ ctId: (0x100000 + i).toString(16), orig: o, reason: StatsReason.ENDED, countedOnly: true, delivered: false, packets: [5, 5], tcpState: 7, reply: { ...reply, dport: o.sport } })]);
+    }
+    t.takeRetired();
+    assert.deepEqual(t.ingest([], [stats({ tsNs: 3_000_000_000n, lastNs: 3_000_000_000n, reason: StatsReason.ENDED, packets: [8, 6], tcpState: 7, reply })]), []);
+    assert.deepEqual(f!.packets, [7, 6]);
+    assert.equal(t.summary().lateCounters, 1);
+    assert.equal(t.lost, 1, 'in the flow_table stage\'s losses');
   });
 });
