@@ -96,6 +96,8 @@ export interface FlowStatsRecord {
   countedOnly: boolean;
   /** Conntrack's TCP state when the kernel last saw one of its packets (enum tcp_conntrack; 0xff: none yet). */
   tcpState: number;
+  /** The flow's end (ENDED) was written and nothing was counted since: a record other than ENDED repeats those counters. */
+  endSent: boolean;
 }
 
 /** A decoded batch: the events, and the flows' counter records, each in kernel order. */
@@ -296,6 +298,7 @@ function decodeStatsAt(dv: DataView, b: Uint8Array, o: number): FlowStatsRecord 
     reply: readTuple(dv, b, c + C.reply[0]),
     countedOnly: dv.getUint8(c + C.counted_only[0]) !== 0,
     tcpState: dv.getUint8(c + C.last_tcp_state[0]),
+    endSent: dv.getUint8(c + C.end_sent[0]) !== 0,
   };
 }
 

@@ -161,10 +161,14 @@ export class FlowTable implements FlowTableView {
       f = undefined;
     }
     if (!f && !this.unseen(r)) {
-      // A flow that was here and left: a packet counted after its end
-      // (a resent FIN or last ACK, the connection in TIME_WAIT) makes the
-      // kernel write its end's counters again. They go to the flow the
-      // sinks already have, if it left recently; else they are counted lost.
+      // A flow that was here and left. A record that repeats its end's
+      // counters (nothing counted since: the address reused by a new
+      // entry, a snapshot of the kernel's state) tells nothing new. A
+      // packet counted after its end (the last ACK often comes after
+      // conntrack's TIME_WAIT; a resent FIN) makes the kernel write the
+      // end again: it goes to the flow the sinks already have, if it left
+      // recently; else it is counted lost.
+      if (r.endSent && r.reason !== StatsReason.ENDED) return undefined;
       f = this.endedFlow(r);
       if (!f) {
         this.summaryCounters.lateCounters++;

@@ -24,7 +24,7 @@ const dnated: Tuple = { saddr: '10.244.1.1', daddr: '10.244.1.12', sport: 40000,
 function stats(over: Partial<FlowStatsRecord>): FlowStatsRecord {
   return {
     tsNs: 500n, ctId: 'ffff1', ctKey: ctKeyOf(over.ctId ?? 'ffff1'), reason: StatsReason.PERIODIC, packets: [0, 0], bytes: [0, 0], drops: 0, firstNs: 100n, lastNs: 500n,
-    orig, serviceId: 1, netnsIno: 111, tcpFlags: [0, 0], delivered: true, ctBirth: ctBirthOf(over.firstNs ?? 100n), reply: NO_TUPLE, countedOnly: false, tcpState: 0xff, ...over,
+    orig, serviceId: 1, netnsIno: 111, tcpFlags: [0, 0], delivered: true, ctBirth: ctBirthOf(over.firstNs ?? 100n), reply: NO_TUPLE, countedOnly: false, tcpState: 0xff, endSent: false, ...over,
   };
 }
 
@@ -618,5 +618,11 @@ describe('FlowTable: counters that come after a flow left', () => {
     assert.deepEqual(f!.packets, [7, 6]);
     assert.equal(t.summary().lateCounters, 1);
     assert.equal(t.lost, 1, 'in the flow_table stage\'s losses');
+    // A record that repeats an end already delivered (the kernel's mark: nothing counted since), as when
+    // a new entry takes the address or the state is snapshot, tells nothing new: not a loss.
+    for (const reason of [StatsReason.REUSED, StatsReason.PERIODIC]) {
+      assert.deepEqual(t.ingest([], [stats({ tsNs: 4_000_000_000n, lastNs: 3_000_000_000n, reason, endSent: true, packets: [8, 6], tcpState: 7, reply })]), []);
+    }
+    assert.equal(t.summary().lateCounters, 1);
   });
 });
