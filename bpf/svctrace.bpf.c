@@ -48,6 +48,11 @@ volatile __u64 svt_active_flows = 0;
  * one syscall per destroy. Counts the LRU forgets make it too high (safe). */
 volatile __u64 svt_stale_owed = 0;
 
+/* TCP ends marked (end_sent): its atomic add is the full barrier between a
+ * mark and the copy of the counters (see observe_nf). An add of 1: LLVM
+ * turns an add of 0 into an atomic OR, which kernels before 5.12 reject. */
+volatile __u64 svt_ends_marked = 0;
+
 /* Emit every packet at every hook (--all-packets, for evidence) instead of
  * the transitions. Counting in svt_flow_state happens either way. */
 const volatile __u32 targ_all_packets = 0;
@@ -739,8 +744,16 @@ static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_
 		 * destroy comes long after user space let its flow go. Marked
 		 * before the copy, so a packet counted meanwhile unmarks it. */
 		st->last_report_ns = now;
-		if (ended)
+		if (ended) {
 			st->end_sent = 1;
+			/* A full barrier between the mark and the copy (an atomic
+			 * add is one, on x86 a locked instruction): without it the
+			 * CPU may read the counters before its mark is visible, and
+			 * a packet counted meanwhile on another CPU, which then
+			 * reads no mark, is in neither record. The other side's
+			 * atomic adds order its count before its read of the mark. */
+			__sync_fetch_and_add(&svt_ends_marked, 1);
+		}
 		if (emit_flow_stats((__u64)ct, st, ended ? SVT_STATS_ENDED : SVT_STATS_PERIODIC)) {
 			if (!st->delivered)
 				st->delivered = 1;

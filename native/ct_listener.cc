@@ -6,6 +6,7 @@
 #include <linux/netfilter/nfnetlink.h>
 #include <linux/netfilter/nfnetlink_conntrack.h>
 #include <bpf/bpf.h>
+#include <endian.h>
 #include <errno.h>
 #include <libmnl/libmnl.h>
 #include <string.h>
@@ -57,7 +58,43 @@ void Decrement(volatile unsigned long long* count) {
   }
 }
 
+// CTA_COUNTERS_ORIG / CTA_COUNTERS_REPLY: conntrack's own accounting of the
+// entry, present when nf_conntrack_acct was on at its creation.
+bool ParseCounters(const nlattr* nest, __u64* packets, __u64* bytes) {
+  if (!nest) return false;
+  auto c = Nested<CTA_COUNTERS_MAX>(nest);
+  if (!c.a[CTA_COUNTERS_PACKETS] || !c.a[CTA_COUNTERS_BYTES]) return false;
+  *packets = be64toh(mnl_attr_get_u64(c.a[CTA_COUNTERS_PACKETS]));
+  *bytes = be64toh(mnl_attr_get_u64(c.a[CTA_COUNTERS_BYTES]));
+  return true;
+}
+
 }  // namespace
+
+// Raises the flow's final counters to conntrack's, direction by direction,
+// where conntrack counted more packets; returns how many more. Each side
+// counts real packets of the entry only, so each is a lower bound: conntrack
+// leaves out segments its TCP tracker ignores (svctrace counts those), and
+// our hooks miss the packets the kernel did not run them for. A kprobe's
+// program is skipped, uncounted before Linux 6.7, while another kprobe or
+// tracepoint program or a BPF syscall (this thread's own map reads) holds
+// the CPU's bpf_prog_active: a timer's retransmission handled at the end of
+// that interrupt crosses the node unseen, and its answer with it. (A packet
+// a rule drops between conntrack and NAT, in mangle, is one too: conntrack
+// counted it, the counting hook never saw it.)
+__u64 CtListener::RaiseToConntrack(const nlattr* const* top, svt_flow_counters* c) {
+  __u64 missed = 0;
+  const int attrs[2] = {CTA_COUNTERS_ORIG, CTA_COUNTERS_REPLY};
+  for (int dir = 0; dir < 2; dir++) {
+    __u64 packets = 0, bytes = 0;
+    if (!ParseCounters(top[attrs[dir]], &packets, &bytes) || packets <= c->packets[dir]) continue;
+    missed += packets - c->packets[dir];
+    c->packets[dir] = packets;
+    c->bytes[dir] = bytes;  // the same packets' bytes, from the same count
+  }
+  if (missed) packets_missed_.fetch_add(missed, std::memory_order_relaxed);
+  return missed;
+}
 
 CtListener::CtListener(Napi::Env env, const std::string& netns_path, unsigned long netns_ino,
                        std::shared_ptr<const ServiceSet> services, int flows_map_fd, int state_map_fd,
@@ -165,8 +202,13 @@ void CtListener::Handle(const nlmsghdr* nlh) {
         // A counted-only one reports no transitions either, so its destroy
         // adds nothing at all. (Two records fewer per connection on a busy
         // node, where most are counted only.)
-        told = r.c.counted_only && r.c.end_sent;
-        if (!r.c.end_sent) {
+        const bool end_told = r.c.end_sent;
+        const bool corrected = RaiseToConntrack(top.a, &r.c) > 0;
+        told = r.c.counted_only && end_told && !corrected;
+        if (!end_told || corrected) {
+          // Corrected counters are news even after an end: not marked as
+          // its repeat (user space ignores a repeat of a flow gone).
+          r.c.end_sent = 0;
           r.kind = SVT_EV_FLOW_STATS;
           r.size = sizeof(r);
           r.ts_ns = e.ts_ns;

@@ -7,16 +7,22 @@
 // final account, delivered as a svt_flow_stats record (SVT_STATS_CLOSED)
 // just before the destroy event. A counted-only connection whose end the
 // kernel reported (SVT_STATS_ENDED) with no packet since gets neither.
+// Where conntrack accounting is on, the destroy carries conntrack's own
+// counters: a direction where they exceed the kernel's (packets our hooks
+// never saw: see RaiseToConntrack) is corrected and counted.
 #pragma once
 
 #include <linux/types.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 
 #include "netlink_listener.h"
 #include "service_set.h"
 
+struct nlattr;
+struct svt_flow_counters;
 struct svt_tuple;
 
 namespace svt {
@@ -30,12 +36,17 @@ class CtListener : public NetlinkListener {
              int stale_destroys_fd, volatile unsigned long long* active_flows,
              volatile unsigned long long* stale_owed);
 
+ // Packets conntrack counted in a destroyed entry that our hooks did not
+  // (see RaiseToConntrack): the final counters were corrected by as many.
+  uint64_t packets_missed() const { return packets_missed_.load(std::memory_order_relaxed); }
+
  protected:
   void Handle(const nlmsghdr* nlh) override;
 
  private:
   bool ConsumeStaleDestroy(const svt_tuple& orig);
   bool DeleteFlowRefs(const svt_tuple* keys, unsigned n);
+  __u64 RaiseToConntrack(const nlattr* const* top, svt_flow_counters* c);
   unsigned long netns_ino_;
   std::shared_ptr<const ServiceSet> services_;
   int flows_map_fd_;
@@ -43,6 +54,7 @@ class CtListener : public NetlinkListener {
   int stale_destroys_fd_;
   volatile unsigned long long* active_flows_;
   volatile unsigned long long* stale_owed_;
+  std::atomic<uint64_t> packets_missed_{0};
   bool batch_delete_ = true;  // the kernel takes BPF_MAP_DELETE_BATCH (Linux >= 5.6)
 };
 

@@ -420,14 +420,16 @@ Napi::Object Tracer::StatsObject(Napi::Env env) {
   out.Set("backend", Napi::String::New(env, backend_ == kBackendFentry  ? "fentry"
                                            : backend_ == kBackendKprobe ? "kprobe"
                                                                         : "netfilter"));
-  uint64_t ct_events = 0, ct_overruns = 0, listener_lost = 0;
+  uint64_t ct_events = 0, ct_overruns = 0, listener_lost = 0, packets_missed = 0;
   for (auto& l : ct_listeners_) {
+    packets_missed += l->packets_missed();
     ct_events += l->events();
     ct_overruns += l->overruns();
     listener_lost += l->lost_at_close();
   }
   out.Set("activeFlows", Napi::Number::New(env, (double)skel_->bss->svt_active_flows));
   out.Set("ctDestroyEvents", Napi::Number::New(env, (double)ct_events));
+  out.Set("packetsMissedByHooks", Napi::Number::New(env, (double)packets_missed));
   uint64_t nft_events = 0, nft_overruns = 0;
   for (auto& l : nft_listeners_) {
     nft_events += l->events();

@@ -90,6 +90,14 @@ export interface NativeStats {
   /** Tracked flows the kernel believes alive (a hint: may over-count). */
   activeFlows: number;
   ctDestroyEvents: number;
+  /**
+   * Packets of destroyed entries that conntrack's accounting counted and the
+   * counting hook did not (a kprobe program skipped while the CPU ran
+   * another BPF program or syscall; a packet dropped between conntrack and
+   * NAT): their flows' final counters were raised to conntrack's. Zero
+   * where conntrack accounting is off (nothing to compare).
+   */
+  packetsMissedByHooks: number;
   ruleTraceEvents: number;
   /** Conntrack DESTROY messages the kernel dropped for want of room in our socket (every one, where the kernel counts them; untraced entries' included: an upper bound on events lost). */
   ctOverruns: number;

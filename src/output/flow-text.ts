@@ -128,5 +128,7 @@ export function formatSummary(s: FlowSummary, stats: TracerStats, backendName: (
     `  events: ${stats.recordsRead} kernel + ${stats.ctDestroyEvents} conntrack destroy (${stats.packetsCounted} packets counted in the kernel), lost: ${lost}` +
       (lost ? ` (${formatLosses(losses)})` : ''),
   );
+  const missed = stats.packetsMissedByHooks ?? 0;
+  if (missed) lines.push(`  ${missed} packets conntrack counted that the hooks never saw (the kernel skipped a ${stats.backend} program, or a rule dropped them between conntrack and NAT), found at their connection's end: those flows' final counters are conntrack's`);
   return lines.join('\n');
 }

@@ -18,6 +18,15 @@ export interface StageLosses {
   flows_unseen: number;
   /** kprobe backend: packets whose after-NAT view was lost (a NAT hook's return not matched with its entry). */
   nat_exit_unmatched: number;
+  /**
+   * Packets conntrack counted that the counting hook never saw (a kprobe
+   * program the kernel skipped while the CPU ran another BPF program or
+   * syscall; a packet dropped between conntrack and NAT), found at their
+   * entry's destroy where conntrack accounting is on: the flow's final
+   * counters are conntrack's.
+   * A count of packets, not of events: not added to the total.
+   */
+  hooks_missed_packets: number;
   /** Conntrack destroy messages the netlink socket could not queue (ENOBUFS). */
   conntrack_netlink: number;
   /** nftables trace messages the netlink socket could not queue. */
@@ -31,12 +40,13 @@ export interface StageLosses {
 }
 
 /** The kernel source's losses (the stages the addon and the kernel count). */
-export function kernelLosses(s: NativeStats): Pick<StageLosses, 'ring_buffer' | 'flows_unseen' | 'flow_state' | 'nat_exit_unmatched' | 'conntrack_netlink' | 'rule_trace_netlink' | 'shutdown'> {
+export function kernelLosses(s: NativeStats): Pick<StageLosses, 'ring_buffer' | 'flows_unseen' | 'flow_state' | 'nat_exit_unmatched' | 'hooks_missed_packets' | 'conntrack_netlink' | 'rule_trace_netlink' | 'shutdown'> {
   return {
     ring_buffer: s.ringbufLost,
     flows_unseen: s.flowsUnseen ?? 0,
     flow_state: s.flowStateFull,
     nat_exit_unmatched: s.natExitUnmatched ?? 0,
+    hooks_missed_packets: s.packetsMissedByHooks ?? 0,
     conntrack_netlink: s.ctOverruns,
     rule_trace_netlink: s.ruleTraceOverruns,
     shutdown: s.readerLostAtClose + s.listenerLostAtClose,
@@ -44,7 +54,7 @@ export function kernelLosses(s: NativeStats): Pick<StageLosses, 'ring_buffer' | 
 }
 
 export function totalLost(l: Partial<StageLosses>): number {
-  return Object.entries(l).reduce((n: number, [k, v]) => (k === 'flows_unseen' ? n : n + (v ?? 0)), 0);
+  return Object.entries(l).reduce((n: number, [k, v]) => (k === 'flows_unseen' || k === 'hooks_missed_packets' ? n : n + (v ?? 0)), 0);
 }
 
 /** "ring_buffer=3 flow_table=1" for the stages that lost something; '' when none did. */

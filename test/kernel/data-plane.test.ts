@@ -138,15 +138,57 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
         assert.deepEqual(f.packets, k.packets, `${proto} packets [orig, reply]: svctrace ${f.packets} vs conntrack ${k.packets}`);
         assert.deepEqual(f.bytes, k.bytes, `${proto} bytes [orig, reply]: svctrace ${f.bytes} vs conntrack ${k.bytes}`);
         // The final counters also went out as an event, for every sink.
-        const finalEv = log.eventsOf(f).find((e) => e.kind === pb.EventKind.EVENT_KIND_FLOW_STATS && e.counters?.final);
-        assert.equal(Number(finalEv?.counters?.packetsOriginal), k.packets[0]);
+        // (The last one: packets the hooks missed, raised to conntrack's
+        // at the destroy, come after the end's; see the test below.)
+        const finals = log.eventsOf(f).filter((e) => e.kind === pb.EventKind.EVENT_KIND_FLOW_STATS && e.counters?.final);
+        assert.equal(Number(finals.at(-1)?.counters?.packetsOriginal), k.packets[0]);
         // TCP's are the kernel's at the connection's end (TIME_WAIT), not
         // its destroy's: on a node that comes two minutes later, when the
         // flow has long left the table.
-        assert.equal(finalEv?.counters?.reason, proto === 'tcp' ? 'ended' : 'closed', `${proto}: whose final counters`);
+        assert.equal(finals[0]?.counters?.reason, proto === 'tcp' ? 'ended' : 'closed', `${proto}: whose final counters`);
       }
       assert.ok(flowOf(tcpPort)!.packets[0] > 150, 'a request per packet at least');
     } finally {
+      ct.stop();
+      await p.stop();
+    }
+  });
+
+  kernelTest('packets conntrack counted and the counting hook never saw (a mangle rule drops them in between) are counted, and the final counters are conntrack\'s', async () => {
+    // Conntrack counts a packet at -200; a mangle rule (-150) drops every
+    // fifth reply of the Service's connections before NAT's hooks, where
+    // svctrace counts. (The same shortfall a kprobe the kernel skipped
+    // leaves, with no rule to count it.) TCP resends what was dropped.
+    const web = lab.service('web');
+    const pods = web.endpoints.map((e) => e.ip);
+    const rules = pods.map((ip) => ['PREROUTING', '-s', ip, '-p', 'tcp', '--sport', String(POD_HTTP_PORT), '-m', 'conntrack', '--ctstate', 'ESTABLISHED', '--ctdir', 'REPLY', '-m', 'statistic', '--mode', 'nth', '--every', '5', '--packet', '3', '-j', 'DROP']);
+    for (const r of rules) await runIn(lab.nodeNetns, ['iptables', '-t', 'mangle', '-I', ...r]);
+    const ct = await conntrackDestroys(lab.nodeNetns);
+    const { p, log } = await trace();
+    try {
+      const missedBefore = p.stats().packetsMissedByHooks;
+      const port = await keepAlive(30);
+      await sleep(2500); // TIME_WAIT is 2 s in the lab
+      const truth = () => ct.text().split('\n').map(parseDestroy).find((c) => c?.proto === 'tcp' && c.sport === port);
+      assert.ok(await reapUntil(lab, () => !!truth(), 15_000), `conntrack -E saw the connection end:\n${ct.text()}`);
+      const f = () => log.flowByClientPort(port);
+      const records = () => (f() ? log.eventsOf(f()!).filter((e) => e.counters).map((e) => `${e.counters!.reason} ${e.counters!.packetsOriginal},${e.counters!.packetsReply}`) : []);
+      assert.ok(await waitFor(() => records().some((r) => r.startsWith('closed')), 5000), `the destroy brought conntrack's counters: [${records().join('; ')}]`);
+      // What the rules dropped, by their own counters (iptables-save -c: "[packets:bytes] -A ...").
+      const saved = (await runIn(lab.nodeNetns, ['iptables-save', '-c', '-t', 'mangle'])).stdout;
+      const dropped = [...saved.matchAll(/^\[(\d+):\d+\] -A PREROUTING .*-j DROP$/gm)].reduce((n, m) => n + Number(m[1]), 0);
+      const k = truth()!;
+      assert.ok(dropped >= 1, `the rule dropped some replies:\n${saved}`);
+      assert.deepEqual(f()!.packets, k.packets, `packets [orig, reply]: svctrace ${f()!.packets} vs conntrack ${k.packets}; records [${records().join('; ')}]`);
+      assert.deepEqual(f()!.bytes, k.bytes, `bytes: svctrace ${f()!.bytes} vs conntrack ${k.bytes}`);
+      assert.equal(p.stats().packetsMissedByHooks - missedBefore, dropped, `every packet the rule dropped was counted as missed by the hooks; records [${records().join('; ')}]`);
+      // The kernel's records before the destroy's are the hooks' own count:
+      // the last of them, and the rule's drops, make conntrack's.
+      const own = log.eventsOf(f()!).filter((e) => e.counters && e.counters.reason !== 'closed').at(-1);
+      assert.equal(own?.counters?.reason, 'ended', 'the end was reported by the kernel');
+      assert.equal(Number(own?.counters?.packetsReply) + dropped, k.packets[1], `the end said what the hooks saw; records [${records().join('; ')}]`);
+    } finally {
+      for (const r of rules) await runIn(lab.nodeNetns, ['iptables', '-t', 'mangle', '-D', ...r], { allowFail: true });
       ct.stop();
       await p.stop();
     }
@@ -198,7 +240,15 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
         const lostSyn = log.eventsOf(f).some((e) => e.kind === pb.EventKind.EVENT_KIND_DROP && e.tcpFlags === 'SYN');
         if (!lostSyn) {
           // Exact, detailed or not: the kernel counts every packet either way.
-          assert.deepEqual(f.packets, k.packets, `port ${k.sport} packets [orig, reply]: svctrace ${f.packets} vs conntrack ${k.packets}`);
+          // On a mismatch, each counter record the flow got, to read it by.
+          const records = () =>
+            log
+              .eventsOf(f)
+              .filter((e) => e.counters)
+              .map((e) => `${e.counters!.reason}${e.counters!.final ? '(final)' : ''} ${e.counters!.packetsOriginal},${e.counters!.packetsReply}`)
+              .join('; ');
+          const why = () => `records [${records()}], flow table lost ${p.flows.summary().lateCounters} late counters`;
+          assert.deepEqual(f.packets, k.packets, `port ${k.sport} packets [orig, reply]: svctrace ${f.packets} vs conntrack ${k.packets}; ${why()}`);
           assert.deepEqual(f.bytes, k.bytes, `port ${k.sport} bytes: svctrace ${f.bytes} vs conntrack ${k.bytes}`);
           exact++;
         } else {
@@ -232,6 +282,15 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
           assert.ok(kinds.has(pb.EventKind.EVENT_KIND_NETFILTER) && kinds.has(pb.EventKind.EVENT_KIND_DEV_XMIT), `a detailed flow has its hook and device events (port ${k.sport})`);
         }
       }
+      // Packets conntrack counted and the hooks did not (their flows' final
+      // counters were raised to conntrack's at the destroy): none where the
+      // kernel runs every hook; with kprobes, which the kernel skips while
+      // the CPU runs another BPF program or syscall, a few (CI's 6.1 guest:
+      // one retransmitted FIN and its ACK of some 480 packets).
+      const ctPackets = truth().reduce((sum, k) => sum + k.packets[0] + k.packets[1], 0);
+      const { packetsMissedByHooks: missed, backend } = p.stats();
+      if (backend === 'kprobe') assert.ok(missed <= ctPackets / 10, `the kprobes missed ${missed} of ${ctPackets} packets`);
+      else assert.equal(missed, 0, `the ${backend} hooks missed ${missed} of ${ctPackets} packets`);
       const cpus = (await import('node:os')).cpus().length;
       assert.ok(n - countedOnly >= 1, 'the budget gave at least one flow its detail');
       assert.ok(countedOnly >= Math.max(1, n - cpus * 8), `${countedOnly} of ${n} counted only: at most one detailed flow per CPU and second went out`);

@@ -45,6 +45,11 @@ describe('losses per stage', () => {
     assert.equal(totalLost(l), 5);
     assert.equal(formatLosses(l), 'ring_buffer=3 flow_table=2');
   });
+  it('counts of packets and flows are shown, not added to the events lost', () => {
+    const l = { ring_buffer: 1, flows_unseen: 4, hooks_missed_packets: 2 };
+    assert.equal(totalLost(l), 1);
+    assert.equal(formatLosses(l), 'ring_buffer=1 flows_unseen=4 hooks_missed_packets=2');
+  });
 });
 
 describe('sizing flags', () => {
