@@ -231,7 +231,11 @@ struct svt_flow_counters {
 	 * removes its state without another record, and without the destroy
 	 * event too for a counted-only flow (see native/ct_listener.cc). */
 	__u8 end_sent;
-	__u8 _pad[6];
+	/* SYNs the client sent again while the entry waited for any reply
+	 * (saturates at 0xffff). Conntrack's accounting leaves them out, and
+	 * so do packets[] and bytes[]: a client waiting on a silent backend. */
+	__u16 syns_resent;
+	__u8 _pad[4];
 };
 SVT_STATIC_ASSERT(sizeof(struct svt_flow_counters) == 128, "svt_flow_counters ABI changed");
 

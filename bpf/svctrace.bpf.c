@@ -284,6 +284,7 @@ static __always_inline bool emit_flow_stats(__u64 ct_id, struct svt_flow_counter
 #define TCP_FIN 0x01
 #define TCP_SYN 0x02
 #define TCP_RST 0x04
+#define TCP_ACK 0x10
 
 /* The last record of an entry a new one replaced. Its `delivered` tells
  * user space whether this is the first it hears of that flow (then it makes
@@ -541,6 +542,22 @@ static __always_inline bool ipvs_reinjected(struct sk_buff *skb, __u8 hook)
 }
 
 
+/*
+ * A SYN the client sent again while its entry waits for any answer (SYN_SENT,
+ * confirmed by an earlier SYN, no reply seen). Conntrack neither refreshes
+ * nor accounts it (nf_conntrack_tcp_packet returns before
+ * nf_ct_refresh_acct: "do not renew timeout on SYN retransmit", a 2023
+ * change backported to the stable kernels; 5.10, 6.1 and 6.12 of the VM
+ * matrix all have it), so the flow's packet counters leave it out too and
+ * stay conntrack's; it is counted in syns_resent instead: how long a client
+ * waited on a backend that never answered.
+ */
+static __always_inline bool syn_resent(const struct pkt_facts *facts, __u32 status, __u8 tcp_state)
+{
+	return facts->proto == IPPROTO_TCP && (facts->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) == TCP_SYN &&
+	       tcp_state == TCP_CONNTRACK_SYN_SENT && (status & IPS_CONFIRMED) && !(status & IPS_SEEN_REPLY);
+}
+
 static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_state *state, __u8 stage,
 				      const bool probed)
 {
@@ -620,7 +637,15 @@ static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_
 	st = flow_state_of(ct, &orig, status, svc, state, now);
 	emit = targ_all_packets;
 	if (st) {
-		if (counting) {
+		if (counting && syn_resent(&facts, status, tcp_state)) {
+			/* Counted apart, as conntrack's accounting leaves it out.
+			 * A plain add: a client resends a SYN a second or more
+			 * after the last. */
+			if (st->syns_resent != 0xffff)
+				st->syns_resent++;
+			st->last_ns = now;
+			st->tcp_flags[dir & 1] |= facts.tcp_flags;
+		} else if (counting) {
 			/* Atomic: packets of one direction can cross this hook on
 			 * two CPUs at once (a sender's data and its ACKs sent from
 			 * softirq), and the counters must stay exact. */

@@ -109,6 +109,7 @@ Napi::Value Layout(const Napi::CallbackInfo& info) {
   SVT_FIELD(fc, svt_flow_counters, reply);
   SVT_FIELD(fc, svt_flow_counters, counted_only);
   SVT_FIELD(fc, svt_flow_counters, end_sent);
+  SVT_FIELD(fc, svt_flow_counters, syns_resent);
   out.Set("svt_flow_counters", StructLayout(env, sizeof(svt_flow_counters), fc));
 
   Napi::Object fs = Napi::Object::New(env);

@@ -30,6 +30,8 @@ export interface FlowView {
   drops: string[];
   /** Over the detail budget: known by its counters, no hook or device events. */
   countedOnly: boolean;
+  /** SYNs the client resent before any answer (not in packets). */
+  synsResent: number;
   packets: [number, number];
   bytes: [number, number];
   firstTsNs: bigint;
@@ -112,6 +114,7 @@ export class Store {
         reset: false,
         drops: [],
         countedOnly: false,
+        synsResent: 0,
         packets: [0, 0],
         bytes: [0, 0],
         firstTsNs: ts(e?.tsNs),
@@ -164,6 +167,7 @@ export class Store {
         f.packets = [Number(c.packetsOriginal ?? 0), Number(c.packetsReply ?? 0)];
         f.bytes = [Number(c.bytesOriginal ?? 0), Number(c.bytesReply ?? 0)];
         if (c.countedOnly) f.countedOnly = true;
+        f.synsResent = Number(c.synsResent ?? 0);
         // A counted-only flow's events are its counters: their packet is its original tuple.
         if (!f.client && e.packet?.src) f.client = `${e.packet.src}:${e.packet.srcPort}`;
       }
@@ -201,6 +205,7 @@ export class Store {
       if (first && (!f.firstTsNs || first < f.firstTsNs)) f.firstTsNs = first;
       if (last > f.lastTsNs) f.lastTsNs = last;
       f.packets = [Number(u.packetsOriginal ?? 0), Number(u.packetsReply ?? 0)];
+      f.synsResent = Number(u.synsResent ?? 0);
       const prevBytes = f.bytes[0] + f.bytes[1];
       f.bytes = [Number(u.bytesOriginal ?? 0), Number(u.bytesReply ?? 0)];
       if (u.drops?.length) f.drops = [...new Set(u.drops)];

@@ -98,6 +98,8 @@ export interface FlowStatsRecord {
   tcpState: number;
   /** The flow's end (ENDED) was written and nothing was counted since: a record other than ENDED repeats those counters. */
   endSent: boolean;
+  /** SYNs resent while the entry waited for any reply: not in packets or bytes (conntrack does not account them either). */
+  synsResent: number;
 }
 
 /** A decoded batch: the events, and the flows' counter records, each in kernel order. */
@@ -299,6 +301,7 @@ function decodeStatsAt(dv: DataView, b: Uint8Array, o: number): FlowStatsRecord 
     countedOnly: dv.getUint8(c + C.counted_only[0]) !== 0,
     tcpState: dv.getUint8(c + C.last_tcp_state[0]),
     endSent: dv.getUint8(c + C.end_sent[0]) !== 0,
+    synsResent: dv.getUint16(c + C.syns_resent[0], true),
   };
 }
 

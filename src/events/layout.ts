@@ -89,6 +89,7 @@ export const FLOW_COUNTERS = {
     reply: [104, 16],
     counted_only: [120, 1],
     end_sent: [121, 1],
+    syns_resent: [122, 2],
   },
 } as const;
 

@@ -204,6 +204,7 @@ export class FlowTable implements FlowTableView {
     f.packets = r.packets;
     f.bytes = r.bytes;
     f.kernelDrops = r.drops;
+    f.synsResent = r.synsResent;
     if (r.lastNs > f.lastTsNs) f.lastTsNs = r.lastNs;
     const final = r.reason !== StatsReason.PERIODIC;
     if (final) f.countersFinal = true;
@@ -264,6 +265,7 @@ export class FlowTable implements FlowTableView {
       packets: [0, 0],
       bytes: [0, 0],
       kernelDrops: 0,
+      synsResent: 0,
       countersFinal: false,
       firstTsNs: e.tsNs,
       lastTsNs: e.tsNs,

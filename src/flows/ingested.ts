@@ -75,6 +75,7 @@ export class StatsIngested implements Ingested {
         reason: this.reasonName,
         // A flow is counted only from its start: the record's own word.
         countedOnly: r.countedOnly || f.countedOnly,
+        synsResent: r.synsResent,
       },
     };
     if (this.backend) event.backend = this.backend;

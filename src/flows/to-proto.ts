@@ -179,5 +179,6 @@ export function flowToProto(f: Flow): pb.IFlow {
     conntrackId: f.ctId,
     rulePath: f.rulePath,
     countedOnly: f.countedOnly,
+    synsResent: f.synsResent,
   };
 }

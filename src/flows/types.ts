@@ -50,6 +50,8 @@ export interface Flow {
   bytes: [number, number];
   /** Packets of the flow the kernel dropped (counted in the kernel, every retry included). */
   kernelDrops: number;
+  /** SYNs the client resent before any answer (counted in the kernel; not in packets, as conntrack does not account them). */
+  synsResent: number;
   /** The counters are the flow's last (it ended: closed, address reused, or expired). */
   countersFinal: boolean;
   /** The flow started over the detail budget (--detail-rate): known by its kernel counters (packets, bytes, TCP flags, NAT result) and drops; no hook or device events. */

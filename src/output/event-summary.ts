@@ -85,7 +85,7 @@ function baseSummary(e: pb.IEvent): string {
     case pb.EventKind.EVENT_KIND_FLOW_STATS: {
       const n = e.counters ?? {};
       const why = n.final ? `final, ${n.reason ?? ''}` : n.reason || 'periodic';
-      return `counters (${why}): ${String(n.packetsOriginal ?? 0)} pkts/${String(n.bytesOriginal ?? 0)} B out, ${String(n.packetsReply ?? 0)} pkts/${String(n.bytesReply ?? 0)} B back${Number(n.drops ?? 0) ? `, ${String(n.drops)} dropped` : ''}`;
+      return `counters (${why}): ${String(n.packetsOriginal ?? 0)} pkts/${String(n.bytesOriginal ?? 0)} B out, ${String(n.packetsReply ?? 0)} pkts/${String(n.bytesReply ?? 0)} B back${Number(n.drops ?? 0) ? `, ${String(n.drops)} dropped` : ''}${Number(n.synsResent ?? 0) ? `, SYN sent ${String(n.synsResent)} more time${Number(n.synsResent) === 1 ? '' : 's'}` : ''}`;
     }
     case pb.EventKind.EVENT_KIND_RULE_TRACE:
       return `kube-proxy rules: ${(e.rulePath ?? []).join(' -> ')}`;

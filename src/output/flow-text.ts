@@ -36,6 +36,11 @@ export function flowFailed(f: Flow): boolean {
   return f.drops.length > 0 || f.reset || f.icmpErrors.length > 0;
 }
 
+/** ", SYN sent 3 more times": a client that waited on an answer (the resent SYNs are not in the packet counts). */
+function synsResentText(f: Flow): string {
+  return f.synsResent ? `, SYN sent ${f.synsResent} more time${f.synsResent === 1 ? '' : 's'}` : '';
+}
+
 /**
  * One line for a whole flow (`trace -o flows`), for busy Services: where
  * it went and how it ended.
@@ -55,7 +60,7 @@ export function flowLine(f: Flow, backendName: (addr: string) => string | undefi
   return (
     `flow ${f.id} ${PROTO_NAMES[f.proto] ?? f.proto} ${f.orig.saddr}:${f.orig.sport} -> ${f.orig.daddr}:${f.orig.dport} (service ${f.service}): ` +
     `backend ${backend}${name ? ` (${name})` : ''}, ${dur}ms, ${f.packets[0]} pkts/${f.bytes[0]} B out, ${f.packets[1]} pkts/${f.bytes[1]} B back` +
-    `${f.masqueraded ? ', masqueraded' : ''}, ${state}${failures.length ? `, ${failures.join(', ')}` : ''}${f.countedOnly ? ' (counted only: over the detail budget)' : ''}`
+    `${synsResentText(f)}${f.masqueraded ? ', masqueraded' : ''}, ${state}${failures.length ? `, ${failures.join(', ')}` : ''}${f.countedOnly ? ' (counted only: over the detail budget)' : ''}`
   );
 }
 
@@ -98,7 +103,7 @@ export class FlowTextPrinter {
     const drops = f.drops.length ? `, drops: ${[...new Set(f.drops)].join(',')}` : '';
     return (
       `flow ${f.id} done after ${dur}ms: backend ${backend}${name ? ` (${name})` : ''}, ` +
-      `${f.packets[0]} pkts/${f.bytes[0]} B out, ${f.packets[1]} pkts/${f.bytes[1]} B back` +
+      `${f.packets[0]} pkts/${f.bytes[0]} B out, ${f.packets[1]} pkts/${f.bytes[1]} B back${synsResentText(f)}` +
       `${f.masqueraded ? ', masqueraded' : ''}${f.reset ? ', reset' : ''}${drops}`
     );
   }

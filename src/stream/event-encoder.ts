@@ -85,6 +85,7 @@ export const enum Tag {
   F_FINAL = 48,
   F_REASON = 58,
   F_COUNTED_ONLY = 64,
+  F_SYNS_RESENT = 72,
 }
 
 type U64 = number | Long | null | undefined;
@@ -168,6 +169,7 @@ function counters(w: EventWriter, c: pb.IFlowCounters): void {
   flag(w, Tag.F_FINAL, c.final);
   str(w, Tag.F_REASON, c.reason);
   flag(w, Tag.F_COUNTED_ONLY, c.countedOnly);
+  u64(w, Tag.F_SYNS_RESENT, c.synsResent);
   w.ldelim();
 }
 

@@ -194,7 +194,7 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
     }
   });
 
-  kernelTest('past the detail budget a flow is counted only: every flow still seen, with exact counters and its backend, and no hook or device events, even with a drop inside the pod before its end', async () => {
+  kernelTest('past the detail budget a flow is counted only: every flow still seen, with exact counters and its backend, and no hook or device events, even with a drop inside the pod before its end (its resent SYNs counted apart, as conntrack accounts them: not at all)', async () => {
     // Every other SYN one pod receives is dropped there (resent a second
     // later): a drop found through the wire-tuple registry, which knows
     // the packet's tuple only, before the flow's first counters record.
@@ -232,32 +232,31 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
       let countedOnly = 0;
       let quietDestroys = 0;
       let droppedFirst = 0;
-      let exact = 0;
+      let resentSeen = 0;
       for (const k of truth()) {
         const f = log.flowByClientPort(k.sport)!;
         // (Some guests also free every closing socket's last segment as a
         // drop: only a dropped SYN tells a resent one.)
-        const lostSyn = log.eventsOf(f).some((e) => e.kind === pb.EventKind.EVENT_KIND_DROP && e.tcpFlags === 'SYN');
-        if (!lostSyn) {
-          // Exact, detailed or not: the kernel counts every packet either way.
-          // On a mismatch, each counter record the flow got, to read it by.
-          const records = () =>
-            log
-              .eventsOf(f)
-              .filter((e) => e.counters)
-              .map((e) => `${e.counters!.reason}${e.counters!.final ? '(final)' : ''} ${e.counters!.packetsOriginal},${e.counters!.packetsReply}`)
-              .join('; ');
-          const why = () => `records [${records()}], flow table lost ${p.flows.summary().lateCounters} late counters`;
-          assert.deepEqual(f.packets, k.packets, `port ${k.sport} packets [orig, reply]: svctrace ${f.packets} vs conntrack ${k.packets}; ${why()}`);
-          assert.deepEqual(f.bytes, k.bytes, `port ${k.sport} bytes: svctrace ${f.bytes} vs conntrack ${k.bytes}`);
-          exact++;
-        } else {
-          // A connection whose SYN the pod dropped: conntrack leaves some
-          // of its resent segments out of its accounting (packets its TCP
-          // tracker ignores keep their entry, uncounted); svctrace counts
-          // every packet of the entry. Never fewer.
-          assert.ok(f.packets[0] >= k.packets[0] && f.packets[1] >= k.packets[1], `port ${k.sport} packets: svctrace ${f.packets} vs conntrack ${k.packets}`);
-        }
+        const synDrops = log.eventsOf(f).filter((e) => e.kind === pb.EventKind.EVENT_KIND_DROP && e.tcpFlags === 'SYN').length;
+        const lostSyn = synDrops > 0;
+        // Exact, detailed or not, SYN lost or not: the kernel counts every
+        // packet conntrack accounts. A SYN the client resent while its entry
+        // waited for any reply is one conntrack does not account (it does
+        // not even refresh the entry for it): counted apart, in synsResent.
+        // On a mismatch, each counter record the flow got, to read it by.
+        const records = () =>
+          log
+            .eventsOf(f)
+            .filter((e) => e.counters)
+            .map((e) => `${e.counters!.reason}${e.counters!.final ? '(final)' : ''} ${e.counters!.packetsOriginal},${e.counters!.packetsReply} syns resent ${e.counters!.synsResent ?? 0}`)
+            .join('; ');
+        const why = () => `${synDrops} SYNs dropped, ${f.synsResent} resent; records [${records()}], flow table lost ${p.flows.summary().lateCounters} late counters`;
+        assert.deepEqual(f.packets, k.packets, `port ${k.sport} packets [orig, reply]: svctrace ${f.packets} vs conntrack ${k.packets}; ${why()}`);
+        assert.deepEqual(f.bytes, k.bytes, `port ${k.sport} bytes: svctrace ${f.bytes} vs conntrack ${k.bytes}; ${why()}`);
+        // Every SYN the pod dropped was sent again (all 40 connections were
+        // answered); a slow answer can make the client resend one more.
+        assert.ok(f.synsResent >= synDrops, `port ${k.sport}: ${why()}`);
+        if (lostSyn) resentSeen++;
         assert.ok(f.dnat && pods.has(f.reply.saddr), `port ${k.sport}: its backend is known (${f.reply.saddr}:${f.reply.sport}, counted only: ${f.countedOnly})`);
         const kinds = new Set(log.eventsOf(f).map((e) => e.kind));
         if (f.countedOnly) {
@@ -296,7 +295,7 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
       assert.ok(countedOnly >= Math.max(1, n - cpus * 8), `${countedOnly} of ${n} counted only: at most one detailed flow per CPU and second went out`);
       assert.ok(quietDestroys >= 1, `a counted-only connection's destroy adds no record when its end said it all (${quietDestroys} of ${countedOnly})`);
       assert.ok(droppedFirst >= 1, `a counted-only connection lost a SYN inside the pod (${droppedFirst}), and is still one flow`);
-      assert.ok(exact >= n / 2, `${exact} of ${n} connections lost no SYN, and have exactly conntrack's counters`);
+      assert.ok(resentSeen >= 1, `a connection whose SYN the pod dropped has exactly conntrack's counters and its resent SYNs apart (${resentSeen})`);
       assert.equal(p.stats().flowsCountedOnly, countedOnly, 'the kernel counted as many counted-only flows as the model shows');
       assert.equal(p.flows.summary().countedOnly, countedOnly, 'and the summary says so');
     } finally {

@@ -15,7 +15,7 @@ import S = svctrace.v1.Stage;
 function flow(over: Partial<Flow> = {}): Flow {
   return {
     id: 1, key: 'ct:ffff1', tupleIndexKey: '', service: '10.96.0.100:80/tcp', serviceId: 1, proto: 6, orig, reply, ctId: 'ffff1', ctBirth: 0,
-    nodeNetnsIno: 111, status: 0, tcpState: 0, dnat: false, masqueraded: false, packets: [0, 0], bytes: [0, 0], kernelDrops: 0, countersFinal: false, firstTsNs: 0n, lastTsNs: 0n,
+    nodeNetnsIno: 111, status: 0, tcpState: 0, dnat: false, masqueraded: false, packets: [0, 0], bytes: [0, 0], kernelDrops: 0, synsResent: 0, countersFinal: false, firstTsNs: 0n, lastTsNs: 0n,
     closed: false, drops: [], reset: false, icmpErrors: [], rulePath: [], seen: [], countedOnly: false, ...over,
   };
 }

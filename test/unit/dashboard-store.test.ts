@@ -28,6 +28,14 @@ describe('dashboard store', () => {
     assert.equal(s.openFlows(SVC, B), 1);
   });
 
+  it("a flow's resent SYNs come from its counters, apart from its packets", () => {
+    const s = new Store();
+    s.addEvents([ev(1, { kind: pb.EventKind.EVENT_KIND_FLOW_STATS, counters: { packetsOriginal: 1, bytesOriginal: 60, synsResent: 2, countedOnly: true } })]);
+    const f = [...s.flows.values()][0]!;
+    assert.equal(f.synsResent, 2);
+    assert.deepEqual(f.packets, [1, 0]);
+  });
+
   it('on a flow\'s path, a reset and an ICMP error are labelled as such, a kernel drop as DROP', () => {
     const s = new Store();
     s.addEvents([

@@ -67,7 +67,7 @@ const everything: pb.IEvent = {
   backendPod: 'default/web-7d9f8-abcde',
   node: 'worker-1',
   dropLocation: 'nf_hook_slow+0x8c',
-  counters: { packetsOriginal: 2 ** 33, bytesOriginal: 2 ** 45, packetsReply: 5, bytesReply: 370, drops: 1, final: true, reason: 'closed', countedOnly: true },
+  counters: { packetsOriginal: 2 ** 33, bytesOriginal: 2 ** 45, packetsReply: 5, bytesReply: 370, drops: 1, final: true, reason: 'closed', countedOnly: true, synsResent: 3 },
 };
 
 describe('EventWriter', () => {

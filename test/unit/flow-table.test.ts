@@ -8,6 +8,7 @@ import { parseServiceSpec } from '../../src/net/ipv4';
 import { svctrace } from '../../src/gen/svctrace';
 import { ctKeyOf, ev, orig, reply } from '../helpers/kernel-events';
 import { eventSummary } from '../../src/output/event-summary';
+import { flowToProto } from '../../src/flows/to-proto';
 import { DropLocations, KernelSymbols } from '../../src/events/kallsyms';
 import { observeFlows } from '../../src/explain/diagnose';
 import type { DiscoveredService } from '../../src/discovery/model';
@@ -24,7 +25,7 @@ const dnated: Tuple = { saddr: '10.244.1.1', daddr: '10.244.1.12', sport: 40000,
 function stats(over: Partial<FlowStatsRecord>): FlowStatsRecord {
   return {
     tsNs: 500n, ctId: 'ffff1', ctKey: ctKeyOf(over.ctId ?? 'ffff1'), reason: StatsReason.PERIODIC, packets: [0, 0], bytes: [0, 0], drops: 0, firstNs: 100n, lastNs: 500n,
-    orig, serviceId: 1, netnsIno: 111, tcpFlags: [0, 0], delivered: true, ctBirth: ctBirthOf(over.firstNs ?? 100n), reply: NO_TUPLE, countedOnly: false, tcpState: 0xff, endSent: false, ...over,
+    orig, serviceId: 1, netnsIno: 111, tcpFlags: [0, 0], delivered: true, ctBirth: ctBirthOf(over.firstNs ?? 100n), reply: NO_TUPLE, countedOnly: false, tcpState: 0xff, endSent: false, synsResent: 0, ...over,
   };
 }
 
@@ -76,6 +77,25 @@ describe('FlowTable', () => {
     // Counters of a previous entry at a reused address never touch the new flow.
     t.ingest([], [stats({ orig: lone, packets: [9, 9], reason: StatsReason.REUSED })]);
     assert.deepEqual(f.packets, [1000, 1000]);
+  });
+
+  it("SYNs a client resent before any answer reach the flow, its counter events and its text, apart from its packets", () => {
+    const t = table();
+    const a: Tuple = { ...orig, saddr: '10.250.0.2', sport: 41200 };
+    const natted: Tuple = { saddr: '10.244.1.12', daddr: '10.250.0.2', sport: 8080, dport: 41200, proto: 6 };
+    const [waiting] = t.ingest([], [stats({ ctId: 'ffb1', orig: a, reply: natted, countedOnly: true, delivered: false, tcpFlags: [0x02, 0], packets: [1, 0], bytes: [60, 0], tcpState: 1, synsResent: 2 })]);
+    const f = waiting!.flow;
+    assert.equal(f.synsResent, 2);
+    assert.deepEqual(f.packets, [1, 0], 'the resent SYNs are not packets (conntrack does not account them)');
+    assert.equal(Number(waiting!.event.counters?.synsResent), 2);
+    assert.match(flowLine(f), /1 pkts\/60 B out, 0 pkts\/0 B back, SYN sent 2 more times,/);
+    assert.match(eventSummary(waiting!.event), /SYN sent 2 more times/);
+    // Answered at last: the count stays with the flow.
+    t.ingest([], [stats({ ctId: 'ffb1', orig: a, reply: natted, countedOnly: true, tcpFlags: [0x1b, 0x1b], packets: [6, 5], bytes: [360, 400], tcpState: 7, synsResent: 3, reason: StatsReason.ENDED })]);
+    assert.equal(f.synsResent, 3);
+    assert.equal(Number(flowToProto(f).synsResent), 3);
+    assert.doesNotMatch(flowLine({ ...f, synsResent: 0 }), /SYN sent/);
+    assert.match(flowLine({ ...f, synsResent: 1 }), /SYN sent 1 more time,/);
   });
 
   it('a counted-only flow (over the detail budget) is known by its counters: backend, masquerade, reset, and the summary says how many', () => {

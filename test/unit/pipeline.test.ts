@@ -117,7 +117,7 @@ describe('live diagnoses as evidence accumulates', () => {
         id: sport, key: `ct:${sport}`, tupleIndexKey: '', service: '10.96.0.100:80/tcp', serviceId: 1, proto: 6, ctId: String(sport), ctBirth: 0, nodeNetnsIno: 1,
         orig: { saddr: '10.250.0.2', daddr: '10.96.0.100', sport, dport: 80, proto: 6 },
         reply: { saddr: '10.244.1.12', daddr: '10.250.0.2', sport: 8080, dport: sport, proto: 6 },
-        status: IPS_SEEN_REPLY, tcpState: 0, dnat: true, masqueraded: false, packets: [5, 5], bytes: [0, 0], kernelDrops: 0, countersFinal: false,
+        status: IPS_SEEN_REPLY, tcpState: 0, dnat: true, masqueraded: false, packets: [5, 5], bytes: [0, 0], kernelDrops: 0, synsResent: 0, countersFinal: false,
         firstTsNs: BigInt(startS) * 1_000_000_000n, lastTsNs: 0n, closed: false, drops: [], reset: false, icmpErrors: [], rulePath: [], seen: [], countedOnly: false,
       };
     };
@@ -182,7 +182,7 @@ describe('live diagnoses as evidence accumulates', () => {
       id: 1, key: 1, tupleIndexKey: '', service: '10.96.0.100:80/tcp', serviceId: 1, proto: 6, ctId: '1', ctBirth: 1, nodeNetnsIno: 1,
       orig: { saddr: '10.250.0.2', daddr: '10.96.0.100', sport: 40_000, dport: 80, proto: 6 },
       reply: { saddr: '10.244.1.11', daddr: '10.250.0.2', sport: 8080, dport: 40_000, proto: 6 },
-      status: 0, tcpState: 1, dnat: true, masqueraded: false, packets: [2, 0], bytes: [120, 0], kernelDrops: 0, countersFinal: false,
+      status: 0, tcpState: 1, dnat: true, masqueraded: false, packets: [2, 0], bytes: [120, 0], kernelDrops: 0, synsResent: 0, countersFinal: false,
       firstTsNs: 0n, lastTsNs: 3n * s, closed: false, drops: [], reset: false, icmpErrors: ['host unreachable'], rulePath: [], seen: [], countedOnly: false,
     };
     // The batch ended after the ICMP error: a window closes before the next batch.
@@ -218,7 +218,7 @@ describe('live diagnoses as evidence accumulates', () => {
     id: sport, key: sport, tupleIndexKey: '', service: '10.96.0.100:80/tcp', serviceId: 1, proto: 6, ctId: String(sport), ctBirth: 1, nodeNetnsIno: 1,
     orig: { saddr: '10.250.0.2', daddr: '10.96.0.100', sport, dport: 80, proto: 6 },
     reply: { saddr: ip, daddr: '10.250.0.2', sport: 8080, dport: sport, proto: 6 },
-    status: 0, tcpState: 1, dnat: true, masqueraded: false, packets: [1, 0], bytes: [60, 0], kernelDrops: 0, countersFinal: false,
+    status: 0, tcpState: 1, dnat: true, masqueraded: false, packets: [1, 0], bytes: [60, 0], kernelDrops: 0, synsResent: 0, countersFinal: false,
     firstTsNs: firstS * S, lastTsNs: firstS * S, closed: false, drops: [], reset: false, icmpErrors: [], rulePath: [], seen: [], countedOnly: false, ...over,
   });
 
