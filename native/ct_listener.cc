@@ -72,28 +72,38 @@ bool ParseCounters(const nlattr* nest, __u64* packets, __u64* bytes) {
 }  // namespace
 
 // Raises the flow's final counters to conntrack's, direction by direction,
-// where conntrack counted more packets; returns how many more. Each side
+// where conntrack counted more packets; true if it did. Each side
 // counts real packets of the entry only, so each is a lower bound: conntrack
 // leaves out segments its TCP tracker ignores (svctrace counts those), and
 // our hooks miss the packets the kernel did not run them for. A kprobe's
 // program is skipped, uncounted before Linux 6.7, while another kprobe or
 // tracepoint program or a BPF syscall (this thread's own map reads) holds
 // the CPU's bpf_prog_active: a timer's retransmission handled at the end of
-// that interrupt crosses the node unseen, and its answer with it. (A packet
-// a rule drops between conntrack and NAT, in mangle, is one too: conntrack
-// counted it, the counting hook never saw it.)
-__u64 CtListener::RaiseToConntrack(const nlattr* const* top, svt_flow_counters* c) {
+// that interrupt crosses the node unseen, and its answer with it. A
+// trampoline's (fentry) is skipped while the same program already runs on
+// that CPU (a softirq that interrupted it). (A packet a rule drops between
+// conntrack and NAT, in mangle, is one too: conntrack counted it, the
+// counting hook never saw it.) The packets missed are counted.
+bool CtListener::RaiseToConntrack(const nlattr* const* top, svt_flow_counters* c) {
   __u64 missed = 0;
+  bool raised = false;
   const int attrs[2] = {CTA_COUNTERS_ORIG, CTA_COUNTERS_REPLY};
   for (int dir = 0; dir < 2; dir++) {
     __u64 packets = 0, bytes = 0;
     if (!ParseCounters(top[attrs[dir]], &packets, &bytes) || packets <= c->packets[dir]) continue;
-    missed += packets - c->packets[dir];
+    __u64 short_by = packets - c->packets[dir];
+    // A kernel without "do not renew timeout on SYN retransmit" (2023)
+    // still accounts the SYNs a client resent before any reply, which the
+    // counting hook keeps apart (syns_resent): seen, not missed. They join
+    // the packets with conntrack's count.
+    if (dir == 0) short_by -= short_by < c->syns_resent ? short_by : c->syns_resent;
+    missed += short_by;
     c->packets[dir] = packets;
     c->bytes[dir] = bytes;  // the same packets' bytes, from the same count
+    raised = true;
   }
   if (missed) packets_missed_.fetch_add(missed, std::memory_order_relaxed);
-  return missed;
+  return raised;
 }
 
 CtListener::CtListener(Napi::Env env, const std::string& netns_path, unsigned long netns_ino,
@@ -203,7 +213,7 @@ void CtListener::Handle(const nlmsghdr* nlh) {
         // adds nothing at all. (Two records fewer per connection on a busy
         // node, where most are counted only.)
         const bool end_told = r.c.end_sent;
-        const bool corrected = RaiseToConntrack(top.a, &r.c) > 0;
+        const bool corrected = RaiseToConntrack(top.a, &r.c);
         told = r.c.counted_only && end_told && !corrected;
         if (!end_told || corrected) {
           // Corrected counters are news even after an end: not marked as

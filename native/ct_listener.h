@@ -46,7 +46,7 @@ class CtListener : public NetlinkListener {
  private:
   bool ConsumeStaleDestroy(const svt_tuple& orig);
   bool DeleteFlowRefs(const svt_tuple* keys, unsigned n);
-  __u64 RaiseToConntrack(const nlattr* const* top, svt_flow_counters* c);
+  bool RaiseToConntrack(const nlattr* const* top, svt_flow_counters* c);
   unsigned long netns_ino_;
   std::shared_ptr<const ServiceSet> services_;
   int flows_map_fd_;

@@ -101,7 +101,7 @@ function renderFlows(): void {
     .map(
       (f) => `<tr data-flow="${esc(f.key)}" data-testid="flow-row" class="${f.key === selected ? 'sel' : ''} ${f.drops.length || f.reset ? 'bad' : ''}">
 <td>${esc(f.id)}</td><td data-testid="flow-node">${esc(f.node)}</td><td>${esc(f.service)}</td><td>${esc(f.client)}</td><td title="what the pod sees">${esc(f.seenByBackend)}</td>
-<td data-testid="flow-backend">${esc(f.backend || '—')}</td><td>${esc(f.backendNetns)}</td><td>${esc(f.closed ? 'closed' : f.state)}${f.reset ? ' RST' : ''}${f.synsResent ? ` <span title="SYNs the client sent again before any answer">SYN×${f.synsResent + 1}</span>` : ''}${f.drops.length ? ` drop:${esc(f.drops.join(','))}` : ''}${f.countedOnly ? ' <span title="over the detail budget (--detail-rate): counted, no hook or device events">counted only</span>' : ''}</td>
+<td data-testid="flow-backend">${esc(f.backend || '—')}</td><td>${esc(f.backendNetns)}</td><td>${esc(f.closed ? 'closed' : f.state)}${f.reset ? ' RST' : ''}${f.synsResent ? ` <span title="SYNs the client sent again before any answer (not in the packet counts)">SYN resent ×${f.synsResent}</span>` : ''}${f.drops.length ? ` drop:${esc(f.drops.join(','))}` : ''}${f.countedOnly ? ' <span title="over the detail budget (--detail-rate): counted, no hook or device events">counted only</span>' : ''}</td>
 <td>${(Number(f.lastTsNs - f.firstTsNs) / 1e6).toFixed(1)} ms</td><td>${f.packets[0]}/${f.bytes[0]}</td><td>${f.packets[1]}/${f.bytes[1]}</td></tr>`,
     )
     .join('');

@@ -227,6 +227,16 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
       // Every destroy handled by the addon (each takes its flow out of the
       // kernel's active count), and what it had to say delivered.
       assert.ok(await waitFor(() => p.stats().activeFlows === 0, 5000), `every destroy reached the addon (${p.stats().activeFlows} flows active)`);
+      // A flow the hooks counted short gets conntrack's counters at its
+      // destroy: a record on the netlink channel, which the channel merge
+      // holds until the ring is idle (500 ms at most). Wait for them (the
+      // assertions below say what is still wrong after that).
+      const counted = () =>
+        truth().every((k) => {
+          const f = log.flowByClientPort(k.sport);
+          return f !== undefined && f.packets[0] === k.packets[0] && f.packets[1] === k.packets[1];
+        });
+      await waitFor(counted, 3000 * TIME_SCALE);
       await sleep(300);
       const pods = new Set(lab.pods.map((pod) => pod.ip));
       let countedOnly = 0;
@@ -250,7 +260,7 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
             .filter((e) => e.counters)
             .map((e) => `${e.counters!.reason}${e.counters!.final ? '(final)' : ''} ${e.counters!.packetsOriginal},${e.counters!.packetsReply} syns resent ${e.counters!.synsResent ?? 0}`)
             .join('; ');
-        const why = () => `${synDrops} SYNs dropped, ${f.synsResent} resent; records [${records()}], flow table lost ${p.flows.summary().lateCounters} late counters`;
+        const why = () => `${synDrops} SYNs dropped, ${f.synsResent} resent; records [${records()}], flow table lost ${p.flows.summary().lateCounters} late counters, hooks missed ${p.stats().packetsMissedByHooks} packets (all flows)`;
         assert.deepEqual(f.packets, k.packets, `port ${k.sport} packets [orig, reply]: svctrace ${f.packets} vs conntrack ${k.packets}; ${why()}`);
         assert.deepEqual(f.bytes, k.bytes, `port ${k.sport} bytes: svctrace ${f.bytes} vs conntrack ${k.bytes}; ${why()}`);
         // Every SYN the pod dropped was sent again (all 40 connections were
@@ -282,14 +292,17 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
         }
       }
       // Packets conntrack counted and the hooks did not (their flows' final
-      // counters were raised to conntrack's at the destroy): none where the
-      // kernel runs every hook; with kprobes, which the kernel skips while
-      // the CPU runs another BPF program or syscall, a few (CI's 6.1 guest:
-      // one retransmitted FIN and its ACK of some 480 packets).
+      // counters were raised to conntrack's at the destroy): none with
+      // netfilter links, which the kernel runs for every packet. A few
+      // with the global backends: the kernel skips a kprobe's program
+      // while the CPU runs another BPF program or a BPF syscall, and a
+      // trampoline's (fentry) while the same program already runs on that
+      // CPU (a softirq that interrupted it). CI's 6.1 guests, kprobe and
+      // fentry: one retransmitted FIN and its ACK of some 480 packets.
       const ctPackets = truth().reduce((sum, k) => sum + k.packets[0] + k.packets[1], 0);
       const { packetsMissedByHooks: missed, backend } = p.stats();
-      if (backend === 'kprobe') assert.ok(missed <= ctPackets / 10, `the kprobes missed ${missed} of ${ctPackets} packets`);
-      else assert.equal(missed, 0, `the ${backend} hooks missed ${missed} of ${ctPackets} packets`);
+      if (backend === 'netfilter') assert.equal(missed, 0, `the ${backend} hooks missed ${missed} of ${ctPackets} packets`);
+      else assert.ok(missed <= ctPackets / 10, `the ${backend} hooks missed ${missed} of ${ctPackets} packets`);
       const cpus = (await import('node:os')).cpus().length;
       assert.ok(n - countedOnly >= 1, 'the budget gave at least one flow its detail');
       assert.ok(countedOnly >= Math.max(1, n - cpus * 8), `${countedOnly} of ${n} counted only: at most one detailed flow per CPU and second went out`);
