@@ -23,6 +23,31 @@ namespace svt {
 
 namespace {
 
+// The kernel's own numbers for one loaded program (bpf_prog_info). runs and
+// run_ns count only while kernel.bpf_stats_enabled is on (or a
+// BPF_ENABLE_STATS descriptor is open). recursion_misses: runs the kernel
+// skipped because the program (a trampoline's: fentry, tp_btf) or any
+// program (a kprobe's, counted since 6.7) already ran on that CPU; 0 where
+// the kernel does not count them.
+struct ProgramInfo {
+  const char* name;
+  bpf_prog_info info;
+};
+
+std::vector<ProgramInfo> LoadedPrograms(bpf_object* obj) {
+  std::vector<ProgramInfo> out;
+  bpf_program* p;
+  bpf_object__for_each_program(p, obj) {
+    int fd = bpf_program__fd(p);
+    if (fd < 0) continue;  // not loaded: another backend's, or the benchmark source
+    ProgramInfo pi{bpf_program__name(p), {}};
+    __u32 len = sizeof(pi.info);
+    if (bpf_prog_get_info_by_fd(fd, &pi.info, &len) != 0) continue;
+    out.push_back(pi);
+  }
+  return out;
+}
+
 struct NfAttachPoint {
   int hook;
   int nat_priority;  // the NAT hook's: ours sit just before or after it
@@ -70,6 +95,7 @@ Napi::Function Tracer::Init(Napi::Env env) {
                          InstanceMethod("expireFlowState", &Tracer::ExpireFlowState),
                          InstanceMethod("snapshotFlowState", &Tracer::SnapshotFlowState),
                          InstanceMethod("dropReasons", &Tracer::DropReasons),
+                         InstanceMethod("programs", &Tracer::Programs),
                      });
 }
 
@@ -427,6 +453,9 @@ Napi::Object Tracer::StatsObject(Napi::Env env) {
     ct_overruns += l->overruns();
     listener_lost += l->lost_at_close();
   }
+  uint64_t runs_skipped = 0;
+  for (const ProgramInfo& p : LoadedPrograms(skel_->obj)) runs_skipped += p.info.recursion_misses;
+  out.Set("hookRunsSkipped", Napi::Number::New(env, (double)runs_skipped));
   out.Set("activeFlows", Napi::Number::New(env, (double)skel_->bss->svt_active_flows));
   out.Set("ctDestroyEvents", Napi::Number::New(env, (double)ct_events));
   out.Set("packetsMissedByHooks", Napi::Number::New(env, (double)packets_missed));
@@ -547,6 +576,26 @@ Napi::Value Tracer::Close(const Napi::CallbackInfo& info) {
   }
   Destroy();
   return last;
+}
+
+// programs() -> [{ name, id, runs, runTimeNs, runsSkipped }]: the loaded
+// programs as the kernel reports them (bpftool prog show), for a user
+// measuring svctrace's own cost and for the test that checks hookRunsSkipped.
+Napi::Value Tracer::Programs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireLoaded(env, "programs");
+  std::vector<ProgramInfo> progs = LoadedPrograms(skel_->obj);
+  Napi::Array out = Napi::Array::New(env, progs.size());
+  for (size_t i = 0; i < progs.size(); i++) {
+    Napi::Object o = Napi::Object::New(env);
+    o.Set("name", progs[i].name);
+    o.Set("id", Napi::Number::New(env, progs[i].info.id));
+    o.Set("runs", Napi::Number::New(env, (double)progs[i].info.run_cnt));
+    o.Set("runTimeNs", Napi::Number::New(env, (double)progs[i].info.run_time_ns));
+    o.Set("runsSkipped", Napi::Number::New(env, (double)progs[i].info.recursion_misses));
+    out.Set((uint32_t)i, o);
+  }
+  return out;
 }
 
 // dropReasons() -> { [value]: 'NO_SOCKET', ... }: this kernel's drop reasons

@@ -40,6 +40,7 @@ class Tracer : public Napi::ObjectWrap<Tracer> {
   Napi::Value ExpireFlowState(const Napi::CallbackInfo& info);
   Napi::Value SnapshotFlowState(const Napi::CallbackInfo& info);
   Napi::Value DropReasons(const Napi::CallbackInfo& info);
+  Napi::Value Programs(const Napi::CallbackInfo& info);
   Napi::Value CollectFlowState(Napi::Env env, bool expire, uint64_t idle_ns);
 
   void RequireLoaded(Napi::Env env, const char* method);

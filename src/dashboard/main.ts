@@ -199,7 +199,8 @@ function renderHealth(): void {
   }
   $('h-rate').textContent = s ? Number(s.eventsPerSecond ?? 0).toFixed(0) : '—';
   $('h-received').textContent = String(store.eventsReceived);
-  $('h-lost').textContent = s ? String(s.kernelLost ?? 0) : '—';
+  const byStage = store.lossesByStage();
+  $('h-lost').textContent = s ? `${String(s.kernelLost ?? 0)}${byStage ? ` (${byStage})` : ''}` : '—';
   $('h-dropped').textContent = s ? String(s.dropped ?? 0) : '—';
   const drops = Object.entries(s?.dropsByReason ?? {});
   $('h-drops').textContent = drops.length ? drops.map(([r, n]) => `${r}=${String(n)}`).join(' ') : 'none';

@@ -91,6 +91,19 @@ export class Store {
     return x.node || this.hello?.node || '';
   }
 
+  /**
+   * The server's losses by stage that are not zero ("ring_buffer=3
+   * hook_runs_skipped=2"), as the trace summary names them: the header's
+   * total counts events only, and this says where, and what else the
+   * kernel counted (flows unseen, packets or program runs the hooks missed).
+   */
+  lossesByStage(): string {
+    return Object.entries(this.status?.lostByStage ?? {})
+      .filter(([, n]) => Number(n) > 0)
+      .map(([stage, n]) => `${stage}=${String(n)}`)
+      .join(' ');
+  }
+
   /** The nodes as the server last said (a relay: each node server's state; a node server: itself). */
   nodes(): pb.INodeState[] {
     const listed = this.status?.nodes?.length ? this.status.nodes : (this.hello?.nodes ?? []);

@@ -98,6 +98,14 @@ export interface NativeStats {
    * where conntrack accounting is off (nothing to compare).
    */
   packetsMissedByHooks: number;
+  /**
+   * Runs of svctrace's programs the kernel skipped, as the kernel counts
+   * them (bpf_prog_info.recursion_misses, summed): a trampoline's program
+   * (fentry, tp_btf) already running on that CPU, or for a kprobe any BPF
+   * program or syscall (counted since Linux 6.7). 0 where the kernel does
+   * not count them.
+   */
+  hookRunsSkipped: number;
   ruleTraceEvents: number;
   /** Conntrack DESTROY messages the kernel dropped for want of room in our socket (every one, where the kernel counts them; untraced entries' included: an upper bound on events lost). */
   ctOverruns: number;
@@ -105,6 +113,18 @@ export interface NativeStats {
   ruleTraceOverruns: number;
   /** Netlink records read but not handed to JS when a listener stopped. */
   listenerLostAtClose: number;
+}
+
+/** One loaded program, from the kernel's bpf_prog_info. */
+export interface LoadedProgram {
+  name: string;
+  /** The kernel's program id (bpftool prog show id N). */
+  id: number;
+  /** Runs and time in them: counted only while kernel.bpf_stats_enabled is on. */
+  runs: number;
+  runTimeNs: number;
+  /** Runs the kernel skipped (recursion_misses). */
+  runsSkipped: number;
 }
 
 export interface NativeTracer {
@@ -126,6 +146,8 @@ export interface NativeTracer {
   snapshotFlowState(): Buffer;
   /** { [value]: name } of this kernel's drop reasons (enum skb_drop_reason; UNKNOWN where kfree_skb has none). */
   dropReasons(): Record<string, string>;
+  /** The loaded programs, as the kernel reports them (bpftool prog show). */
+  programs(): LoadedProgram[];
   /** Benchmarks only: emit `count` synthetic events of `flows` flows (needs benchSource). */
   benchEmit(count: number, flows: number): void;
 }

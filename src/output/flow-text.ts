@@ -135,5 +135,13 @@ export function formatSummary(s: FlowSummary, stats: TracerStats, backendName: (
   );
   const missed = stats.packetsMissedByHooks ?? 0;
   if (missed) lines.push(`  ${missed} packets conntrack counted that the hooks never saw (the kernel skipped a ${stats.backend} program, or a rule dropped them between conntrack and NAT), found at their connection's end: those flows' final counters are conntrack's`);
+  const skipped = stats.hookRunsSkipped ?? 0;
+  if (skipped)
+    lines.push(
+      `  the kernel skipped svctrace's programs ${skipped} times (the program, or for a kprobe any BPF program, already running on that CPU): ` +
+        (stats.backend === 'netfilter'
+          ? 'a device crossing, route or drop may be missing from a timeline (packet counts are not affected)'
+          : "a packet's count or a transition may be missing; where conntrack accounting is on, flows that ended have conntrack's counters"),
+    );
   return lines.join('\n');
 }

@@ -15,7 +15,7 @@
  */
 import fs from 'node:fs';
 import { SvctraceError } from '../errors';
-import { loadBinding } from '../native/binding';
+import { loadBinding, type LoadedProgram } from '../native/binding';
 import { discover } from '../discovery/discover';
 import { Discovery, readersMissingText } from '../discovery/model';
 import { Cluster } from '../k8s/cluster';
@@ -348,6 +348,11 @@ export class Pipeline {
 
   stats(): TracerStats {
     return this.tracer.stats();
+  }
+
+  /** The kernel's numbers for each of the tracer's programs (bpftool prog show). */
+  programs(): LoadedProgram[] {
+    return this.tracer.programs();
   }
 
   /**

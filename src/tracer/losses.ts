@@ -27,6 +27,16 @@ export interface StageLosses {
    * A count of packets, not of events: not added to the total.
    */
   hooks_missed_packets: number;
+  /**
+   * Runs of svctrace's programs the kernel skipped, as the kernel itself
+   * counts them (recursion_misses): a trampoline's program (fentry, tp_btf)
+   * already running on the CPU, or for a kprobe another BPF program or a
+   * BPF syscall (counted since Linux 6.7). Each may have lost a packet's
+   * count or a transition; where conntrack accounting is on, the destroy
+   * corrects the counters (hooks_missed_packets). A count of program runs,
+   * not of events: not added to the total.
+   */
+  hook_runs_skipped: number;
   /** Conntrack destroy messages the netlink socket could not queue (ENOBUFS). */
   conntrack_netlink: number;
   /** nftables trace messages the netlink socket could not queue. */
@@ -40,21 +50,25 @@ export interface StageLosses {
 }
 
 /** The kernel source's losses (the stages the addon and the kernel count). */
-export function kernelLosses(s: NativeStats): Pick<StageLosses, 'ring_buffer' | 'flows_unseen' | 'flow_state' | 'nat_exit_unmatched' | 'hooks_missed_packets' | 'conntrack_netlink' | 'rule_trace_netlink' | 'shutdown'> {
+export function kernelLosses(s: NativeStats): Pick<StageLosses, 'ring_buffer' | 'flows_unseen' | 'flow_state' | 'nat_exit_unmatched' | 'hooks_missed_packets' | 'hook_runs_skipped' | 'conntrack_netlink' | 'rule_trace_netlink' | 'shutdown'> {
   return {
     ring_buffer: s.ringbufLost,
     flows_unseen: s.flowsUnseen ?? 0,
     flow_state: s.flowStateFull,
     nat_exit_unmatched: s.natExitUnmatched ?? 0,
     hooks_missed_packets: s.packetsMissedByHooks ?? 0,
+    hook_runs_skipped: s.hookRunsSkipped ?? 0,
     conntrack_netlink: s.ctOverruns,
     rule_trace_netlink: s.ruleTraceOverruns,
     shutdown: s.readerLostAtClose + s.listenerLostAtClose,
   };
 }
 
+/** Stages that count flows, packets or program runs, not events: shown, and left out of the total of events lost. */
+const NOT_EVENTS = new Set(['flows_unseen', 'hooks_missed_packets', 'hook_runs_skipped']);
+
 export function totalLost(l: Partial<StageLosses>): number {
-  return Object.entries(l).reduce((n: number, [k, v]) => (k === 'flows_unseen' || k === 'hooks_missed_packets' ? n : n + (v ?? 0)), 0);
+  return Object.entries(l).reduce((n: number, [k, v]) => (NOT_EVENTS.has(k) ? n : n + (v ?? 0)), 0);
 }
 
 /** "ring_buffer=3 flow_table=1" for the stages that lost something; '' when none did. */

@@ -7,7 +7,7 @@ import fs from 'node:fs';
 import { fromNativeError, SvctraceError } from '../errors';
 import { decodeBatch, decodeRuleTraces, DecodedBatch, RuleTrace } from '../events/decode';
 import { parseIPv4, ServiceSpec } from '../net/ipv4';
-import { loadBinding, NativeFeatures, NativeStats, NativeTracer } from '../native/binding';
+import { loadBinding, LoadedProgram, NativeFeatures, NativeStats, NativeTracer } from '../native/binding';
 import { Channel, FLOW_STATS } from '../events/layout';
 import { ChannelMerge } from './channel-merge';
 import { resolveNetns } from '../netns/netns';
@@ -262,6 +262,15 @@ export class Tracer {
   }
 
   /** This kernel's drop reasons by value (read with its BTF when the tracer opened). */
+  /** The loaded programs, as the kernel reports them: id, runs and time (with kernel.bpf_stats_enabled), runs skipped. */
+  programs(): LoadedProgram[] {
+    try {
+      return this.n.programs();
+    } catch (e) {
+      throw fromNativeError(e);
+    }
+  }
+
   dropReasons(): Record<string, string> {
     return this.n.dropReasons();
   }

@@ -44,6 +44,20 @@ export function netfilterLinks(): Array<{ id: number; hook?: number; prio?: numb
   return [...links.filter((l) => l.type === 'netfilter' || (l.type === 'tracing' && (l.attach_type === 'trace_fentry' || l.attach_type === 'trace_fexit'))), ...kprobes];
 }
 
+/** A loaded program as bpftool shows it (runs counted while kernel.bpf_stats_enabled is on; recursion_misses absent when 0). */
+export interface KernelProgram {
+  id: number;
+  run_cnt?: number;
+  recursion_misses?: number;
+  pids?: Array<{ pid: number }>;
+}
+
+/** The machine's loaded programs by id, bpftool's view (independent of svctrace's). */
+export function kernelPrograms(): Map<number, KernelProgram> {
+  const progs = JSON.parse(execFileSync('bpftool', ['-j', 'prog', 'show'], { encoding: 'utf8' }) || '[]') as KernelProgram[];
+  return new Map(progs.map((p) => [p.id, p]));
+}
+
 let hasDropReasons: boolean | undefined;
 
 /**

@@ -6,12 +6,14 @@
  */
 import { after, before, describe } from 'node:test';
 import assert from 'node:assert/strict';
-import { dropReasonName, kernelTest, IS_ROOT, sleep } from '../helpers/kernel';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { dropReasonName, kernelPrograms, kernelTest, IS_ROOT, sleep } from '../helpers/kernel';
 import { FlowLog, settled, waitFor } from '../helpers/flows';
 import { curlEach, reapUntil } from '../helpers/lab-traffic';
 import { Lab, LAB_ADDR, POD_HTTP_PORT, POD_UDP_PORT } from '../../src/lab/lab';
 import { runIn } from '../../src/lab/exec';
 import { Pipeline } from '../../src/pipeline/pipeline';
+import type { LoadedProgram } from '../../src/native/binding';
 import { parseNodePortSpec, parseServiceSpec } from '../../src/net/ipv4';
 import { UDP_QUERY } from '../../src/demo';
 import { svctrace } from '../../src/gen/svctrace';
@@ -251,5 +253,44 @@ describe('core tracer (kernel)', () => {
     // (conntrack may still report earlier flows' ends meanwhile; none may be about 'other')
     const newEvents = log.all.slice(before);
     assert.ok(!newEvents.some((e) => e.conntrack?.original?.dst === other.clusterIP || e.packet?.dst === other.clusterIP));
+  });
+
+  kernelTest("the kernel's own numbers for each loaded program, and the runs it skipped, as bpftool shows them", async () => {
+    // Run counts are kept only while BPF statistics are on: on for this
+    // test, restored after (a BPF_ENABLE_STATS descriptor would need the addon's help).
+    const knob = '/proc/sys/kernel/bpf_stats_enabled';
+    const was = readFileSync(knob, 'utf8').trim();
+    writeFileSync(knob, '1');
+    try {
+      const runsBefore = new Map(tracer.programs().map((p) => [p.id, p.runs]));
+      await curlEach(lab, `http://${lab.service('web').clusterIP}/`, 5);
+      const mine = tracer.programs();
+      const skipped = tracer.stats().hookRunsSkipped;
+      const kernel = kernelPrograms();
+      const backend = tracer.stats().backend;
+      const expected = ['svt_dev_xmit', 'svt_dev_recv', 'svt_fib', ...(backend === 'netfilter' ? ['svt_nf_before_nat', 'svt_nf_after_nat'] : [])];
+      for (const name of expected) assert.ok(mine.some((p) => p.name === name), `${name} among the loaded programs: ${mine.map((p) => p.name).join(', ')}`);
+      const hookPrefix = { netfilter: 'svt_nf_', fentry: 'svt_fentry_', kprobe: 'svt_kprobe_' }[backend];
+      assert.ok(mine.some((p) => p.name.startsWith(hookPrefix)), `the ${backend} backend's programs are loaded: ${mine.map((p) => p.name).join(', ')}`);
+      for (const p of mine) {
+        const k = kernel.get(p.id);
+        assert.ok(k, `program ${p.name} (id ${p.id}) is loaded in the kernel`);
+        if (k.pids) assert.ok(k.pids.some((x) => x.pid === process.pid), `program ${p.id} is held by this process`);
+        // Read after ours: the kernel's count can only have grown (the device hooks are global).
+        assert.ok((k.run_cnt ?? 0) >= p.runs, `${p.name}: runs ${p.runs}, bpftool ${k.run_cnt}`);
+        assert.ok((k.recursion_misses ?? 0) >= p.runsSkipped, `${p.name}: skipped ${p.runsSkipped}, bpftool ${k.recursion_misses}`);
+      }
+      const ran = (p: LoadedProgram) => p.runs > (runsBefore.get(p.id) ?? 0) && p.runTimeNs > 0;
+      const show = (p: LoadedProgram) => `${p.name} ${p.runs} runs (${runsBefore.get(p.id)} before), ${p.runTimeNs} ns`;
+      for (const name of ['svt_dev_xmit', 'svt_dev_recv']) {
+        const p = mine.find((x) => x.name === name)!;
+        assert.ok(ran(p), `${name} ran for the requests: ${show(p)}`);
+      }
+      assert.ok(mine.some((p) => p.name.startsWith(hookPrefix) && ran(p)), `the NAT hooks ran for the requests: ${mine.map(show).join(', ')}`);
+      assert.equal(skipped, mine.reduce((n, p) => n + p.runsSkipped, 0), 'stats().hookRunsSkipped is the programs\' runs skipped');
+      assert.equal(tracer.losses().hook_runs_skipped, skipped, 'and a loss stage of its own');
+    } finally {
+      writeFileSync(knob, was);
+    }
   });
 });

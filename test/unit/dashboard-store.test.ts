@@ -62,4 +62,10 @@ describe('dashboard store', () => {
     one.addEvents([ev(1, {})]);
     assert.equal([...one.flows.values()][0]!.node, 'worker-1');
   });
+  it('names the stages that lost something, program runs and packets the hooks missed included', () => {
+    const s = new Store();
+    assert.equal(s.lossesByStage(), '');
+    s.status = { kernelLost: 3, lostByStage: { ring_buffer: 3, flow_table: 0, hook_runs_skipped: 2 } };
+    assert.equal(s.lossesByStage(), 'ring_buffer=3 hook_runs_skipped=2');
+  });
 });

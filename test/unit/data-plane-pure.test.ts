@@ -2,7 +2,7 @@
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { ChannelMerge } from '../../src/tracer/channel-merge';
-import { formatLosses, totalLost } from '../../src/tracer/losses';
+import { formatLosses, kernelLosses, totalLost } from '../../src/tracer/losses';
 import { parseDetailRate, parseRingBuffer, parseStatsInterval } from '../../src/cli/options';
 import { SvctraceError } from '../../src/errors';
 import type { DecodedBatch } from '../../src/events/decode';
@@ -46,9 +46,14 @@ describe('losses per stage', () => {
     assert.equal(formatLosses(l), 'ring_buffer=3 flow_table=2');
   });
   it('counts of packets and flows are shown, not added to the events lost', () => {
-    const l = { ring_buffer: 1, flows_unseen: 4, hooks_missed_packets: 2 };
+    const l = { ring_buffer: 1, flows_unseen: 4, hooks_missed_packets: 2, hook_runs_skipped: 7 };
     assert.equal(totalLost(l), 1);
-    assert.equal(formatLosses(l), 'ring_buffer=1 flows_unseen=4 hooks_missed_packets=2');
+    assert.equal(formatLosses(l), 'ring_buffer=1 flows_unseen=4 hooks_missed_packets=2 hook_runs_skipped=7');
+  });
+  it("the kernel's count of skipped program runs is a stage of its own in every output", () => {
+    const l = kernelLosses({ ringbufLost: 0, flowStateFull: 0, ctOverruns: 0, ruleTraceOverruns: 0, readerLostAtClose: 0, listenerLostAtClose: 0, hookRunsSkipped: 3 } as never);
+    assert.equal(l.hook_runs_skipped, 3);
+    assert.equal(totalLost(l), 0, 'program runs, not events');
   });
 });
 

@@ -162,6 +162,10 @@ describe('FlowTable', () => {
     assert.equal(s.resets, 1);
     assert.deepEqual(s.perBackend, { '10.244.1.12:8080': 3 });
     assert.match(formatSummary(s, { recordsRead: 0, ctDestroyEvents: 0, packetsCounted: 0 } as never), /4 of them counted only, over the detail budget/);
+    assert.doesNotMatch(formatSummary(s, { recordsRead: 0, ctDestroyEvents: 0, packetsCounted: 0 } as never), /skipped/);
+    const skipped = formatSummary(s, { recordsRead: 0, ctDestroyEvents: 0, packetsCounted: 0, ringbufLost: 0, flowStateFull: 0, ctOverruns: 0, ruleTraceOverruns: 0, readerLostAtClose: 0, listenerLostAtClose: 0, hookRunsSkipped: 5, backend: 'fentry' } as never);
+    assert.match(skipped, /the kernel skipped svctrace's programs 5 times .*flows that ended have conntrack's counters/);
+    assert.match(skipped, /lost: 0$/m, 'program runs are not events lost');
     assert.match(flowLine(f), /counted only/);
     // A detailed flow's counters never turn it into a counted-only one, and its own NAT view stays.
     const d = table();
