@@ -22,6 +22,7 @@ import { kernelTest, IS_ROOT, netfilterLinks, sleep } from '../helpers/kernel';
 import { FlowLog, TIME_SCALE, waitFor } from '../helpers/flows';
 import { reapUntil } from '../helpers/lab-traffic';
 import { conntrackDestroys } from '../helpers/conntrack-events';
+import type { Flow } from '../../src/flows/types';
 import { explain } from '../../src/explain/explain';
 import { Lab } from '../../src/lab/lab';
 import { runIn } from '../../src/lab/exec';
@@ -88,7 +89,15 @@ describe('kube-proxy IPVS mode (kernel)', () => {
       await sleep(2500); // TIME_WAIT is 2 s in the lab
       const total = N + 4 + 2;
       const flows = () => [...log.flows.values()].filter((f) => f.orig.proto === 6);
-      assert.ok(await reapUntil(L, () => flows().length >= total && flows().every((f) => f.countersFinal), 15_000), `every connection ended: ${flows().length} flows`);
+      // A connection's end (TIME_WAIT) gives svctrace its final counters;
+      // conntrack's DESTROY, which this test compares them with, comes once
+      // the entry is reaped after the lab's 2 s TIME_WAIT: wait for both.
+      const destroyLine = (f: Flow) => ct.text().split('\n').find((l) => l.includes(`sport=${f.orig.sport} `) && l.includes(`dst=${f.orig.daddr} `));
+      const ended = () => flows().length >= total && flows().every((f) => f.countersFinal && destroyLine(f) !== undefined);
+      assert.ok(
+        await reapUntil(L, ended, 15_000),
+        `every connection ended and conntrack destroyed it: ${flows().length} flows, ${flows().filter((f) => !f.countersFinal).length} without final counters, ${flows().filter((f) => !destroyLine(f)).length} without a DESTROY`,
+      );
       assert.equal(flows().length, total, 'one flow per connection');
       assert.equal(L.served.length, total);
 
@@ -106,7 +115,7 @@ describe('kube-proxy IPVS mode (kernel)', () => {
         assert.ok(evs.some((e) => e.stage === S.STAGE_REPLY && e.packet?.src === vip), `${what}: the reply rewritten back to ${vip}`);
         assert.ok(evs.some((e) => e.stage === S.STAGE_DEVICE && e.device?.netns === pod.netns), `${what}: the crossing into ${pod.netns}`);
         // Counted once per packet, not again when IPVS sends it out.
-        const k = ct.text().split('\n').find((l) => l.includes(`sport=${f.orig.sport} `) && l.includes(`dst=${vip} `));
+        const k = destroyLine(f);
         assert.ok(k, `${what}: conntrack's own DESTROY with counters`);
         const pk = [...k.matchAll(/packets=(\d+)/g)].map((m) => Number(m[1]));
         const by = [...k.matchAll(/bytes=(\d+)/g)].map((m) => Number(m[1]));
