@@ -18,7 +18,7 @@ import { FlowTable } from '../src/flows/flow-table';
 import { parseServiceSpec } from '../src/net/ipv4';
 import { StreamServer } from '../src/stream/server';
 import { fmt, table, waitUntil, withDeadline, writeResult } from './common';
-import { cpuBetween, MAIN_THREAD, threadCpu } from './thread-cpu';
+import { cpuBetween, machineBusyBetween, machineCpu, MAIN_THREAD, threadCpu } from './thread-cpu';
 
 const BURST = 16384;
 const FLOWS = 1000;
@@ -49,6 +49,18 @@ interface StageResult {
    * per event much less, so two trees compare on it.
    */
   cpuNsPerEvent: { jsThread: number; process: number };
+  /**
+   * Shares (0..1) of the stage's wall time: how much of it the JS thread
+   * was busy, and how much of all the machine's cores were (every process:
+   * the WebSocket client's, the kernel's socket copies). A JS thread busy
+   * near 1 with cores to spare means the thread is the limit, not the
+   * machine (twenty-third pass of docs/performance.md).
+   */
+  busy: { jsThread: number; machine: number };
+}
+
+function pct(share: number): string {
+  return Number.isFinite(share) ? `${Math.round(share * 100)}%` : '?';
 }
 
 function lostTotal(s: StageResult): number {
@@ -127,6 +139,7 @@ export async function runStage(stage: Stage, total: number): Promise<StageResult
       return done() + lossSeen;
     };
     const cpu0 = threadCpu();
+    const machine0 = machineCpu();
     const t0 = process.hrtime.bigint();
     const stageEnd = Date.now() + STAGE_MS;
     let lastProgress = process.hrtime.bigint();
@@ -162,6 +175,8 @@ export async function runStage(stage: Stage, total: number): Promise<StageResult
     }
     await waitAccounted(emitted);
     const cpu = cpuBetween(cpu0, threadCpu());
+    const machineBusy = machineBusyBetween(machine0, machineCpu());
+    const wallSeconds = Number(process.hrtime.bigint() - t0) / 1e9;
     if (invalidFrames) throw new Error(`the WebSocket client received ${invalidFrames} frames that are not ServerMessages of Events`);
     const seconds = Number(lastProgress - t0) / 1e9;
     const l = lost();
@@ -178,6 +193,7 @@ export async function runStage(stage: Stage, total: number): Promise<StageResult
         jsThread: got ? ((cpu.get(MAIN_THREAD) ?? 0) * 1e9) / got : NaN,
         process: got ? ([...cpu.values()].reduce((a, b) => a + b, 0) * 1e9) / got : NaN,
       },
+      busy: { jsThread: (cpu.get(MAIN_THREAD) ?? 0) / wallSeconds, machine: machineBusy },
     };
   } finally {
     tracer.close();
@@ -202,19 +218,20 @@ export async function benchPipeline(opts: { quick: boolean }): Promise<object> {
   for (const s of ['native', 'decode', 'flows', 'websocket'] as Stage[]) stages.push(await runStage(s, total));
   const label = { native: 'addon -> JS callback', decode: '+ decode', flows: '+ flow model', websocket: '+ encode + WebSocket client' };
   const rows = [
-    'error' in base ? ['C consumer (baseline)', `failed: ${base.error}`, '', '', '', '', ''] : ['C consumer (baseline)', fmt(base.eventsPerSecond), '100%', '', '', fmt(total * 2 - base.lost), String(base.lost)],
+    'error' in base ? ['C consumer (baseline)', `failed: ${base.error}`, '', '', '', '', '', ''] : ['C consumer (baseline)', fmt(base.eventsPerSecond), '100%', '', '', '', fmt(total * 2 - base.lost), String(base.lost)],
     ...stages.map((s) => [
       `node: ${label[s.stage]}`,
       fmt(s.eventsPerSecond),
       `${((100 * s.eventsPerSecond) / baseRate).toFixed(1)}%`,
       fmt(s.cpuNsPerEvent.jsThread),
       fmt(s.cpuNsPerEvent.process),
+      `${pct(s.busy.jsThread)} / ${pct(s.busy.machine)}`,
       fmt(s.arrived),
       lostTotal(s) ? `${fmt(lostTotal(s))} (ring ${s.lost.ringbuf}, reader ${s.lost.reader}, hub ${s.lost.hubClient}, unaccounted ${s.unaccounted})` : '0',
     ]),
   ];
   console.log(`\nPipeline throughput (${fmt(total)} events, ${FLOWS} flows, bursts of ${BURST})`);
-  console.log(table(['chain', 'events/s', 'of baseline', 'JS thread ns/event', 'process ns/event', 'arrived', 'lost'], rows));
+  console.log(table(['chain', 'events/s', 'of baseline', 'JS thread ns/event', 'process ns/event', 'busy: JS thread / machine', 'arrived', 'lost'], rows));
   const result = { total, baseline: base, stages };
   console.log(`-> ${writeResult('pipeline', result)}`);
   return result;

@@ -69,3 +69,37 @@ export function cpuBetween(a: ReturnType<typeof threadCpu>, b: ReturnType<typeof
   for (const [tid, t] of b) out.set(t.role, (out.get(t.role) ?? 0) + t.seconds - (a.get(tid)?.seconds ?? 0));
   return out;
 }
+
+/**
+ * The whole machine's CPU time from /proc/stat's first line ("cpu  user nice
+ * system idle iowait irq softirq steal ..."), in ticks: busy (all but idle
+ * and iowait) and total. Whether a stage is bound by one thread or by the
+ * machine shows in the two together: a thread busy for the whole stage on a
+ * machine with cores to spare is the limit, not the cores.
+ */
+export function parseProcStat(text: string): { busy: number; total: number } | undefined {
+  const first = text.split('\n', 1)[0] ?? '';
+  const fields = first.trim().split(/\s+/);
+  if (fields[0] !== 'cpu' || fields.length < 5) return undefined;
+  const ticks = fields.slice(1).map(Number);
+  if (ticks.some((t) => !Number.isFinite(t))) return undefined;
+  // guest and guest_nice (fields 9 and 10) are already counted in user and nice.
+  const total = ticks.slice(0, 8).reduce((a, b) => a + b, 0);
+  const idle = ticks[3]! + (ticks[4] ?? 0);
+  return { busy: total - idle, total };
+}
+
+/** This machine's busy and total CPU ticks (all cores) now; undefined where /proc/stat cannot be read. */
+export function machineCpu(): { busy: number; total: number } | undefined {
+  try {
+    return parseProcStat(fs.readFileSync('/proc/stat', 'utf8'));
+  } catch {
+    return undefined;
+  }
+}
+
+/** The share (0..1) of all cores that was busy between two readings; NaN when unknown. */
+export function machineBusyBetween(a: ReturnType<typeof machineCpu>, b: ReturnType<typeof machineCpu>): number {
+  if (!a || !b || b.total <= a.total) return NaN;
+  return (b.busy - a.busy) / (b.total - a.total);
+}
