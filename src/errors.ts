@@ -15,6 +15,7 @@ export type SvctraceErrorCode =
   | 'LAB' // the built-in lab could not be set up
   | 'STREAM' // a stream connection failed or was closed by the server
   | 'TOOL_MISSING' // a command svctrace reads the node with (nft, iptables-save, ipvsadm) is not installed
+  | 'WRITE_FAILED' // a file svctrace writes (a recording) could not be written: disk full, I/O error
   | 'INTERNAL';
 
 /** Error with a stable code; `cause` keeps the underlying error (errno, op, verifier log). */

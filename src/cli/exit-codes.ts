@@ -14,4 +14,5 @@ export const EXIT_CODES: Record<SvctraceErrorCode, number> = {
   STREAM: 7,
   NETNS_GONE: 8,
   TOOL_MISSING: 9,
+  WRITE_FAILED: 10,
 };

@@ -12,6 +12,7 @@
  */
 import crypto from 'node:crypto';
 import fs from 'node:fs';
+import { SvctraceError } from '../errors';
 
 export const MAGIC = Buffer.from([0x53, 0x56, 0x54, 0x52, 0x01, 0x0d, 0x0a, 0x1a]); // "SVTR" v1 \r\n ^Z
 export const CHUNK_HEADER_BYTES = 8;
@@ -48,26 +49,66 @@ export function chunkHeader(type: ChunkType, length: number): Buffer {
   return h;
 }
 
-/** Appends hash-chained chunks to a file, each with one write. */
+/**
+ * Appends hash-chained chunks to a file, each with one write. A write that
+ * fails (disk full, I/O error) is cut back to the end of the last whole
+ * chunk, so the file stays a readable recording that is only cut short; the
+ * error is thrown as WRITE_FAILED, and the first one is kept (`failure`).
+ * A later write is still tried (a trailer, once the device has room again).
+ */
 export class ChunkWriter {
   private prev = initialHash();
   private fd: number;
+  /** The file's length: the end of its last whole chunk (every write is at this offset). */
   bytes = 0;
+  /** The first write error. */
+  failure: SvctraceError | undefined;
 
   /** Creates `path`; refuses to overwrite an existing file unless `overwrite`. */
-  constructor(path: string, overwrite = false) {
+  constructor(
+    readonly path: string,
+    overwrite = false,
+  ) {
     this.fd = fs.openSync(path, overwrite ? 'w' : 'wx', 0o640);
-    fs.writeSync(this.fd, MAGIC);
-    this.bytes = MAGIC.length;
+    try {
+      this.append(MAGIC);
+    } catch (e) {
+      fs.closeSync(this.fd);
+      // Only a file this writer created is removed ('wx'): an existing path given with --force may be a device.
+      if (!overwrite) fs.rmSync(path, { force: true });
+      throw e;
+    }
   }
 
   write(type: ChunkType, payload: Uint8Array): void {
     const header = chunkHeader(type, payload.byteLength);
     const hash = chunkHash(this.prev, header, payload);
-    const buf = Buffer.concat([header, payload, hash]);
-    let off = 0;
-    while (off < buf.length) off += fs.writeSync(this.fd, buf, off);
+    this.append(Buffer.concat([header, payload, hash]));
     this.prev = hash;
+  }
+
+  private append(buf: Buffer): void {
+    let off = 0;
+    try {
+      // Positional writes: after a cut-back the next chunk starts where the last whole one ended.
+      while (off < buf.length) off += fs.writeSync(this.fd, buf, off, buf.length - off, this.bytes + off);
+    } catch (e) {
+      if (off) {
+        try {
+          fs.ftruncateSync(this.fd, this.bytes);
+        } catch {
+          // The reader stops at the half chunk anyway (reported as cut short there).
+        }
+      }
+      const err = e as NodeJS.ErrnoException;
+      const failure = new SvctraceError('WRITE_FAILED', `cannot write ${this.path}: ${err.code ?? err.message}${err.code === 'ENOSPC' ? ' (no space left on the device)' : ''}`, {
+        errno: typeof err.errno === 'number' ? -err.errno : undefined,
+        op: 'write',
+        cause: e,
+      });
+      this.failure ??= failure;
+      throw failure;
+    }
     this.bytes += buf.length;
   }
 
@@ -80,8 +121,16 @@ export class ChunkWriter {
     fs.fsyncSync(this.fd);
   }
 
+  /** Syncs and closes; a sync that fails after a write error is not news (the error was thrown already). */
   close(): void {
-    fs.fsyncSync(this.fd);
+    try {
+      fs.fsyncSync(this.fd);
+    } catch (e) {
+      if (!this.failure) {
+        fs.closeSync(this.fd);
+        throw new SvctraceError('WRITE_FAILED', `cannot write ${this.path}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`, { op: 'fsync', cause: e });
+      }
+    }
     fs.closeSync(this.fd);
   }
 }

@@ -59,6 +59,7 @@ function createWriter(path: string, overwrite?: boolean): ChunkWriter {
   try {
     return new ChunkWriter(path, overwrite);
   } catch (e) {
+    if (e instanceof SvctraceError) throw e; // WRITE_FAILED: created, but its first bytes could not be written
     const code = (e as NodeJS.ErrnoException).code;
     throw new SvctraceError('BAD_INPUT', code === 'EEXIST' ? `${path} exists (use --force to overwrite)` : `cannot create ${path}: ${code ?? (e as Error).message}`);
   }
@@ -66,7 +67,8 @@ function createWriter(path: string, overwrite?: boolean): ChunkWriter {
 
 export async function record(opts: RecordOptions): Promise<pb.IRecordingTrailer> {
   let stopReason: string | undefined;
-  const sizeReached = new AbortController();
+  // The recording ends early: --max-size reached, or a write failed.
+  const endEarly = new AbortController();
   let events: RecordingSink | undefined;
   let created = false;
   // A recording that never started tracing (refused attach, bad namespace)
@@ -111,7 +113,12 @@ export async function record(opts: RecordOptions): Promise<pb.IRecordingTrailer>
         signingKey: opts.signingKey,
         onFull: () => {
           stopReason ??= 'max-size';
-          sizeReached.abort();
+          endEarly.abort();
+        },
+        onWriteError: () => {
+          // Told once, at the end, with what the file holds (below).
+          stopReason ??= 'write-error';
+          endEarly.abort();
         },
         trailer: () => {
           const summary = ctx.flows.summary();
@@ -123,7 +130,8 @@ export async function record(opts: RecordOptions): Promise<pb.IRecordingTrailer>
       return [events];
     },
   ).catch((e: unknown) => {
-    if (created) fs.rmSync(opts.path, { force: true });
+    // (Only a regular file: -o /dev/null --force must not remove the device.)
+    if (created && fs.statSync(opts.path, { throwIfNoEntry: false })?.isFile()) fs.rmSync(opts.path, { force: true });
     throw e;
   });
   const sink = events!;
@@ -131,12 +139,18 @@ export async function record(opts: RecordOptions): Promise<pb.IRecordingTrailer>
   const started = Date.now();
   const progressTimer = setInterval(() => opts.onProgress?.({ events: sink.events, bytes: sink.bytes, elapsedS: (Date.now() - started) / 1000 }), 1000);
   try {
-    const why = await waitForStop(opts.durationS, AbortSignal.any([sizeReached.signal, pipeline.allNetnsGone]));
+    const why = await waitForStop(opts.durationS, AbortSignal.any([endEarly.signal, pipeline.allNetnsGone]));
     if (pipeline.allNetnsGone.aborted) stopReason ??= 'netns-deleted';
     stopReason ??= why === 'timeout' ? 'duration' : 'signal';
   } finally {
     clearInterval(progressTimer);
     await pipeline.stop();
+  }
+  const failure = sink.failure;
+  if (failure) {
+    // What is in the file is good evidence up to the failure: say what it holds and what it misses.
+    const holds = sink.trailer ? 'its trailer says so' : 'it is cut short there (verify reads it)';
+    throw new SvctraceError('WRITE_FAILED', `${failure.message}; the recording holds the first ${sink.events} events, ${sink.lost} were not recorded; ${holds}`, { cause: failure });
   }
   if (!sink.trailer) throw new SvctraceError('INTERNAL', `${opts.path}: the recording could not be completed`);
   // The recording is complete (its trailer says why it ended); the command still fails.

@@ -65,6 +65,9 @@ export class ClientConn {
   private finish(): void {
     if (this.closed) return;
     this.closed = true;
+    // What it took and never sent is missed too: counted before it is let go.
+    this.dropped += this.pendingEvents;
+    for (const f of this.queue) this.dropped += f.events;
     this.pending = [];
     this.pendingEvents = 0;
     this.queue = [];
@@ -124,9 +127,9 @@ export class ClientConn {
         this.hooks.onSubscribe?.(this);
         break;
       case 'pause':
+        // What it took before pausing is still its own: sent (or queued), not dropped.
+        this.flush();
         this.paused = true;
-        this.pending = [];
-        this.pendingEvents = 0;
         break;
       case 'resume':
         this.paused = false;

@@ -45,6 +45,8 @@ export class Hub {
   private readonly clients = new Set<ClientConn>();
   private nextId = 1;
   eventsTotal = 0;
+  /** Events the clients that have left missed (their `dropped` at close): client_queues never goes down. */
+  private departedDropped = 0;
   private lastRateAt = Date.now();
   private lastRateEvents = 0;
   private rate = 0;
@@ -86,6 +88,7 @@ export class Hub {
     const subscriptionsChanged = () => this.onSubscriptions?.([...this.clients].map((x) => ({ filter: x.subscribed, flows: x.wantsFlows })));
     const c = new ClientConn(this.nextId++, ws, remote, this.limits, {
       onClose: (x) => {
+        this.departedDropped += x.dropped;
         this.clients.delete(x);
         subscriptionsChanged();
       },
@@ -117,9 +120,9 @@ export class Hub {
     for (const c of this.clients) c.offer(encoded);
   }
 
-  /** Events dropped from slow clients' queues, all clients (current ones). */
+  /** Events clients missed (client_queues), all clients since the start, those gone included. */
   clientsDropped(): number {
-    let n = 0;
+    let n = this.departedDropped;
     for (const c of this.clients) n += c.dropped;
     return n;
   }

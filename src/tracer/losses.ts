@@ -45,8 +45,14 @@ export interface StageLosses {
   shutdown: number;
   /** Flows removed from the flow table to stay under its cap, and counter records that came after their flow had left it. */
   flow_table: number;
-  /** Events a streaming client missed because it read too slowly (all clients). */
+  /**
+   * Events a streaming client missed: dropped from its queue because it read
+   * too slowly, or still queued when it left or was disconnected (all
+   * clients, those gone included).
+   */
   client_queues: number;
+  /** `record`: events not in the recording (a write error, --max-size reached before the trace stopped, an event that failed to encode). */
+  recording: number;
 }
 
 /** The kernel source's losses (the stages the addon and the kernel count). */

@@ -144,6 +144,64 @@ describe('evidence: record, verify, replay, export (kernel)', () => {
     assert.equal(replayed.stdout.trim().split('\n').length, events);
   });
 
+  kernelTest('the disk fills up while recording: record stops with exit 10 and one line saying what the file holds; the file verifies, cut short, never damaged', async () => {
+    const web = lab.service('web');
+    // A 4 MiB tmpfs in a mount namespace of the recorder's own: nothing outside it is touched.
+    const mnt = path.join(dir, 'small-disk');
+    const kept = path.join(dir, 'full-disk-copy.svtr');
+    fs.mkdirSync(mnt);
+    const script = 'mount -t tmpfs -o size=4m svt-test "$1" && "$2" "$3" record --netns "$4" -s "$5" -o "$1/incident.svtr"; rc=$?; cp "$1/incident.svtr" "$6"; exit $rc';
+    const rec = spawn('unshare', ['--mount', '--propagation', 'private', 'sh', '-c', script, 'sh', mnt, process.execPath, CLI, lab.nodeNetns, `${web.clusterIP}:80`, kept], { stdio: ['ignore', 'ignore', 'pipe'] });
+    let err = '';
+    rec.stderr!.on('data', (d) => (err += d));
+    const exited = new Promise<number | null>((r) => rec.once('exit', (code) => r(code)));
+    assert.ok(await waitFor(() => err.includes('Ctrl-C to stop'), 10_000), err);
+    for (let i = 0; i < 3; i++) assert.ok((await lab.curl(`http://${web.clusterIP}/`)).ok);
+    await sleep(1500); // these events are in the file (chunks every 500 ms)
+    // Fill the rest of the recorder's disk, reached through its mount namespace.
+    const recorder = Number(execFileSync('pgrep', ['-P', String(rec.pid), '-f', 'record'], { encoding: 'utf8' }).trim().split('\n')[0]);
+    const filler = fs.openSync(`/proc/${recorder}/root${mnt}/filler`, 'w');
+    try {
+      const block = Buffer.alloc(64 * 1024);
+      for (;;) fs.writeSync(filler, block);
+    } catch (e) {
+      assert.equal((e as NodeJS.ErrnoException).code, 'ENOSPC');
+    } finally {
+      fs.closeSync(filler);
+    }
+    const deadline = Date.now() + 20_000;
+    let status: number | null | undefined;
+    void exited.then((c) => (status = c));
+    while (status === undefined && Date.now() < deadline) {
+      await lab.curl(`http://${web.clusterIP}/`);
+      await sleep(200);
+    }
+    if (status === undefined) rec.kill('SIGINT');
+    assert.equal(await exited, 10, err);
+    const lines = err.trim().split('\n').filter((l) => !l.includes('Ctrl-C to stop'));
+    assert.equal(lines.length, 1, err);
+    assert.match(lines[0]!, /cannot write .*incident\.svtr: ENOSPC \(no space left on the device\); the recording holds the first (\d+) events, (\d+) were not recorded/);
+    const [, held, notRecorded] = /holds the first (\d+) events, (\d+) were not recorded/.exec(lines[0]!)!;
+    assert.ok(Number(held) > 20, `${held} events kept`);
+    assert.ok(Number(notRecorded) > 0);
+    const v = spawnSync(process.execPath, [CLI, 'verify', kept], { encoding: 'utf8' });
+    assert.equal(v.status, 0, v.stdout);
+    assert.equal(Number(/(\d+) events/.exec(v.stdout)![1]), Number(held), v.stdout);
+    // The trailer is still tried: it fits when the file's last page has room (tmpfs), and then says why and what it missed.
+    const { trailer } = await eventsInFile(kept);
+    if (trailer) {
+      assert.match(v.stdout, /OK: complete/);
+      assert.match(lines[0]!, /its trailer says so/);
+      const t = trailer as { reason?: string; events?: string; lostByStage?: Record<string, string> };
+      assert.equal(t.reason, 'write-error');
+      assert.equal(Number(t.events), Number(held));
+      assert.equal(Number(t.lostByStage?.recording), Number(notRecorded));
+    } else {
+      assert.match(v.stdout, /INCOMPLETE: no trailer/);
+      assert.match(lines[0]!, /cut short there/);
+    }
+  });
+
   kernelTest('SIGHUP (a closed terminal) ends record like Ctrl-C: a complete recording, the marker table removed', async () => {
     const web = lab.service('web');
     const file = path.join(dir, 'hup.svtr');

@@ -20,6 +20,7 @@ import { svctrace } from '../../src/gen/svctrace';
 import { makeEvent } from '../helpers/stream';
 import { RecordingSink } from '../../src/pipeline/sinks/recording';
 import type { Ingested } from '../../src/flows/types';
+import type { SvctraceError } from '../../src/errors';
 
 import pb = svctrace.v1;
 
@@ -68,12 +69,70 @@ describe('recordings', () => {
     // Written up to its conntrack, then the encoder meets a value it cannot write.
     const bad = { event: { ...makeEvent(99, { tsNs: 99 }), conntrack: { id: 'c', status: Symbol('not a number') } } } as unknown as Ingested;
     assert.throws(() => sink.write([item(1), bad, item(2)]));
-    assert.equal(sink.events, 2);
     sink.close();
+    assert.equal(sink.events, 2);
+    assert.equal(sink.lost, 1);
+    assert.equal(Number(sink.trailer?.lostByStage?.recording), 1);
     const seen: number[] = [];
     const rec = readRecording(file, (events) => seen.push(...events.map((e) => Number(e.tsNs))));
     assert.deepEqual(seen.length, 2, `events read: ${JSON.stringify(seen)} (${JSON.stringify(rec.problems ?? [])})`);
   });
+
+  for (const roomAgain of [false, true]) {
+    it(`a write that fails (disk full) stops the recording, never the process: whole chunks kept, every event not written counted${roomAgain ? '; the trailer says so when the device has room again' : ''}`, async () => {
+      const file = path.join(dir, `full-${roomAgain}.svtr`);
+      const w = new ChunkWriter(file, true);
+      w.write(ChunkType.HEADER, pb.RecordingHeader.encode({ toolVersion: 'test', node: 'n1', startedAt: '2026-12-05T00:00:00.000Z', services: [] }).finish());
+      const failures: Error[] = [];
+      const sink = new RecordingSink(w, { trailer: () => ({ reason: 'write-error', kernelLost: 3, lostByStage: { ring_buffer: 3 } }), onWriteError: (e) => failures.push(e) });
+      const item = (i: number) => ({ event: makeEvent(i, { tsNs: i }) }) as unknown as Ingested;
+      const batch = (from: number, n: number) => Array.from({ length: n }, (_, i) => item(from + i));
+      sink.write(batch(0, 50));
+      await new Promise((r) => setTimeout(r, 800)); // the flush timer writes them
+      assert.equal(sink.events, 50);
+      const goodBytes = w.bytes;
+      // The device fills up: the next write gets 20 bytes in, then ENOSPC (as write(2) does).
+      const realWrite = fs.writeSync;
+      let room = 20;
+      (fs as { writeSync: unknown }).writeSync = (fd: number, buf: Uint8Array, off: number, len: number, pos: number) => {
+        if (room <= 0) throw Object.assign(new Error('ENOSPC: no space left on device, write'), { code: 'ENOSPC', errno: -28, syscall: 'write' });
+        const n = realWrite(fd, buf, off, Math.min(len, room), pos);
+        room -= n;
+        return n;
+      };
+      try {
+        sink.write(batch(50, 30));
+        await new Promise((r) => setTimeout(r, 800)); // the timer's flush fails: it must not throw (an uncaught error ends this test run)
+        assert.equal(failures.length, 1);
+        assert.match(failures[0]!.message, /cannot write .*full-.*ENOSPC \(no space left on the device\)/);
+        assert.equal((failures[0] as SvctraceError).code, 'WRITE_FAILED');
+        assert.equal(fs.statSync(file).size, goodBytes, 'the half-written chunk is cut back');
+        sink.write(batch(80, 5)); // after the failure: counted, not written
+        assert.equal(sink.lost, 35);
+        if (roomAgain) (fs as { writeSync: unknown }).writeSync = realWrite;
+        sink.close(); // the trailer is tried, and must not throw either way
+      } finally {
+        (fs as { writeSync: unknown }).writeSync = realWrite;
+      }
+      assert.equal(failures.length, 1, 'told once');
+      assert.equal(sink.events, 50);
+      const seen: number[] = [];
+      const rec = readRecording(file, (events) => seen.push(...events.map((e) => Number(e.tsNs))));
+      assert.deepEqual(seen, Array.from({ length: 50 }, (_, i) => i));
+      assert.deepEqual(rec.problems.filter((p) => p.corrupt), [], 'cut short at most, never damaged');
+      if (roomAgain) {
+        // The file has no gap: the trailer follows the last whole chunk.
+        assert.equal(rec.problems.length, 0, JSON.stringify(rec.problems));
+        assert.equal(Number(sink.trailer?.lostByStage?.recording), 35);
+        assert.equal(Number(sink.trailer?.lostByStage?.ring_buffer), 3);
+        assert.equal(Number(sink.trailer?.kernelLost), 38);
+        assert.equal(Number(sink.trailer?.events), 50);
+      } else {
+        assert.equal(sink.trailer, undefined);
+        assert.deepEqual(rec.problems.map((p) => p.kind), ['missing-trailer']);
+      }
+    });
+  }
 
   it('an intact recording verifies and replays every event', async () => {
     const rec = readRecording(good);

@@ -152,6 +152,34 @@ describe('stream server', () => {
     stuck.ws.terminate();
   });
 
+  it('every event a client took is sent or counted as missed, also when it leaves with a full queue; client_queues keeps what departed clients missed', async () => {
+    const base = url.replace('ws://', 'http://').replace('/v1/events', '');
+    const lostInMetrics = async () => Number(/^svctrace_events_lost_total\{stage="client_queues"\} (\d+)$/m.exec((await get(`${base}/metrics`)).body)?.[1] ?? NaN);
+    const before = server.hub.clientsDropped();
+    const c = new RawClient(url);
+    await c.opened;
+    (c.ws as unknown as { _socket: { pause(): void } })._socket.pause();
+    assert.ok(await waitFor(() => server.hub.clientList().length > 0, 3000));
+    const conn = server.hub.clientList().reduce((a, b) => (b.id > a.id ? b : a));
+    const padding = 'x'.repeat(200);
+    let offered = 0;
+    for (let i = 0; i < 40; i++) {
+      server.publish(Array.from({ length: 1000 }, (_, j) => makeEvent(offered + j, { summary: padding })));
+      offered += 1000;
+      await new Promise((r) => setImmediate(r));
+    }
+    server.publish(Array.from({ length: 7 }, (_, j) => makeEvent(offered + j))); // a small batch: still pending, not yet a frame
+    offered += 7;
+    assert.ok(conn.closed || conn.queuedBytes > 0, 'the client has frames queued when it leaves (or was already disconnected with them, too slow)');
+    c.ws.terminate();
+    assert.ok(await waitFor(() => conn.closed, 5000), 'the server saw the client leave');
+    assert.equal(conn.sent + conn.dropped, offered, `sent ${conn.sent} + dropped ${conn.dropped} != offered ${offered}`);
+    assert.ok(conn.dropped > 0);
+    // The departed client's misses stay counted, in the hub and in /metrics.
+    assert.ok(server.hub.clientsDropped() - before >= conn.dropped, `client_queues went from ${before} to ${server.hub.clientsDropped()}, the client that left missed ${conn.dropped}`);
+    assert.ok((await lostInMetrics()) >= conn.dropped);
+  });
+
   it('garbage from one client gets errors; the server keeps serving others', async () => {
     const good = new RawClient(url);
     const bad = new RawClient(url);
