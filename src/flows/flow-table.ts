@@ -154,10 +154,12 @@ export class FlowTable implements FlowTableView {
     if (f && (!sameTuple(f.orig, r.orig) || (f.ctBirth !== 0 && f.ctBirth !== r.ctBirth))) {
       // Another entry's record. The flow at the address ended before that
       // entry began; or, older, is left be and the record's flow is made
-      // apart (when it is one to make: see unseen).
-      if (!this.unseen(r)) return undefined;
-      if (r.firstNs > f.firstTsNs) this.retire(f, r.firstNs);
-      else detached = true;
+      // apart (when it is one to make: see unseen). A record of a flow seen
+      // before is a late one, handled below like any other.
+      if (this.unseen(r)) {
+        if (r.firstNs > f.firstTsNs) this.retire(f, r.firstNs);
+        else detached = true;
+      }
       f = undefined;
     }
     if (!f && !this.unseen(r)) {
@@ -430,6 +432,7 @@ export class FlowTable implements FlowTableView {
     }
     this.remove(f);
     this.retired.push(f);
+    this.rememberEnded(f); // its own late counters (a destroy after the new entry's first packet) still find it
   }
 
   /** Entries in each index: each must hold only flows still in the table (memory bounded by the cap). */

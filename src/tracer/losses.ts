@@ -41,6 +41,12 @@ export interface StageLosses {
   conntrack_netlink: number;
   /** nftables trace messages the netlink socket could not queue. */
   rule_trace_netlink: number;
+  /**
+   * Records user space could not read: one of a size the BPF object never
+   * writes (the addon's reader), or a batch that failed to decode (its
+   * records). The object and the addon disagree: a bug, counted, never a crash.
+   */
+  undecodable: number;
   /** Records read but not handed to JavaScript when the tracer stopped. */
   shutdown: number;
   /** Flows removed from the flow table to stay under its cap, and counter records that came after their flow had left it. */
@@ -56,7 +62,7 @@ export interface StageLosses {
 }
 
 /** The kernel source's losses (the stages the addon and the kernel count). */
-export function kernelLosses(s: NativeStats): Pick<StageLosses, 'ring_buffer' | 'flows_unseen' | 'flow_state' | 'nat_exit_unmatched' | 'hooks_missed_packets' | 'hook_runs_skipped' | 'conntrack_netlink' | 'rule_trace_netlink' | 'shutdown'> {
+export function kernelLosses(s: NativeStats & { undecodedRecords?: number }): Pick<StageLosses, 'ring_buffer' | 'flows_unseen' | 'flow_state' | 'nat_exit_unmatched' | 'hooks_missed_packets' | 'hook_runs_skipped' | 'conntrack_netlink' | 'rule_trace_netlink' | 'undecodable' | 'shutdown'> {
   return {
     ring_buffer: s.ringbufLost,
     flows_unseen: s.flowsUnseen ?? 0,
@@ -66,6 +72,7 @@ export function kernelLosses(s: NativeStats): Pick<StageLosses, 'ring_buffer' | 
     hook_runs_skipped: s.hookRunsSkipped ?? 0,
     conntrack_netlink: s.ctOverruns,
     rule_trace_netlink: s.ruleTraceOverruns,
+    undecodable: (s.malformed ?? 0) + (s.undecodedRecords ?? 0),
     shutdown: s.readerLostAtClose + s.listenerLostAtClose,
   };
 }

@@ -15,7 +15,8 @@ import { serviceIdsOf } from '../flows/service-ids';
 import { monoNowNs } from '../clock';
 import { BACKEND_PROBE, BACKENDS, BackendChoice, BackendRequest, chooseBackend, defaultBackend } from './backend';
 
-export type TracerStats = NativeStats & { batchCallbacks: number; decodeErrors: number };
+/** decodeErrors: batches that failed to decode; undecodedRecords: the records they held (lost, stage `undecodable`). */
+export type TracerStats = NativeStats & { batchCallbacks: number; decodeErrors: number; undecodedRecords: number };
 
 /** Tracers still open; closed on process exit so links never outlive us by accident. */
 const openTracers = new Set<Tracer>();
@@ -50,6 +51,7 @@ export class Tracer {
   private native: NativeTracer | null;
   private batchCallbacks = 0;
   private decodeErrors = 0;
+  private undecodedRecords = 0;
   private lastStats: TracerStats | null = null;
   readonly attached: AttachedNetns[] = [];
   /**
@@ -222,6 +224,7 @@ export class Tracer {
       batch = decodeBatch(buf);
     } catch (e) {
       this.decodeErrors++;
+      this.undecodedRecords += count;
       this.report(e);
       return;
     }
@@ -257,7 +260,7 @@ export class Tracer {
    */
   expireIdleFlows(idleMs: number): number {
     const buf = this.n.expireFlowState(idleMs);
-    if (buf.byteLength) this.deliver(buf);
+    if (buf.byteLength) this.deliver(buf, Channel.RING, buf.byteLength / FLOW_STATS.size);
     return buf.byteLength / FLOW_STATS.size;
   }
 
@@ -278,7 +281,7 @@ export class Tracer {
   /** Delivers every tracked flow's counters as they are now (like periodic records). */
   refreshCounters(): void {
     const buf = this.n.snapshotFlowState();
-    if (buf.byteLength) this.deliver(buf);
+    if (buf.byteLength) this.deliver(buf, Channel.RING, buf.byteLength / FLOW_STATS.size);
   }
 
   /**
@@ -323,7 +326,7 @@ export class Tracer {
       if (this.lastStats) return this.lastStats;
       throw new SvctraceError('INTERNAL', 'tracer is closed');
     }
-    const s = { ...this.n.stats(), batchCallbacks: this.batchCallbacks, decodeErrors: this.decodeErrors };
+    const s = { ...this.n.stats(), batchCallbacks: this.batchCallbacks, decodeErrors: this.decodeErrors, undecodedRecords: this.undecodedRecords };
     this.lastStats = s;
     return s;
   }
@@ -344,7 +347,7 @@ export class Tracer {
     if (this.mergeTimer) clearInterval(this.mergeTimer);
     this.merge?.release(true);
     const last = this.native.close();
-    if (last) this.lastStats = { ...last, batchCallbacks: this.batchCallbacks, decodeErrors: this.decodeErrors };
+    if (last) this.lastStats = { ...last, batchCallbacks: this.batchCallbacks, decodeErrors: this.decodeErrors, undecodedRecords: this.undecodedRecords };
     this.native = null;
     openTracers.delete(this);
   }

@@ -55,6 +55,11 @@ describe('losses per stage', () => {
     assert.equal(l.hook_runs_skipped, 3);
     assert.equal(totalLost(l), 0, 'program runs, not events');
   });
+  it('records user space could not read (the reader\'s malformed ones, a batch that failed to decode) are events lost, in a stage of their own', () => {
+    const l = kernelLosses({ ringbufLost: 0, flowStateFull: 0, ctOverruns: 0, ruleTraceOverruns: 0, readerLostAtClose: 0, listenerLostAtClose: 0, malformed: 2, undecodedRecords: 40 } as never);
+    assert.equal(l.undecodable, 42);
+    assert.equal(totalLost(l), 42);
+  });
 });
 
 describe('sizing flags', () => {

@@ -366,6 +366,8 @@ describe('FlowTable', () => {
     t.ingest([], [stats({ reason: StatsReason.REUSED, firstNs: 100n, lastNs: 200n, packets: [9, 9] })]);
     assert.deepEqual(t.flows()[0]!.packets, [3, 2], 'another entry\'s counters');
     assert.equal(t.summary().flows, 2, 'A was seen: its counters make no new flow');
+    assert.deepEqual(a.packets, [9, 9], 'they are A\'s own: A, retired and remembered, gets them');
+    assert.equal(t.lost, 0);
     // A record with no birth (no kernel state to say) still follows the flow at the address.
     const same = t.ingest([ev({ tsNs: 330n, ctBirth: 0, ctStatus: est, ctTcpState: 3, tcpFlags: 0x11 })]);
     assert.equal(same[0]!.flow.id, 2);
