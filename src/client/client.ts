@@ -34,6 +34,8 @@ export interface ClientOptions {
 }
 
 export interface ClientHandlers {
+  /** The server's Hello, before any other message (also before connect resolves). */
+  hello?: (hello: pb.IHello) => void;
   events?: (events: pb.Event[]) => void;
   flows?: (flows: pb.IFlow[]) => void;
   status?: (status: pb.Status) => void;
@@ -115,6 +117,7 @@ export class SvctraceClient {
         if (msg.body === 'hello' && !settled) {
           client.hello = msg.hello!;
           settled = true;
+          client.handlers.hello?.(client.hello);
           if (opts.filter || opts.flows) {
             // Resolve once the server applied the filter.
             client.subscribe(opts.filter ?? {}, !!opts.flows);

@@ -48,9 +48,19 @@ export class AgentLink {
   reconnects = 0;
   /** The node server's last Status on the current connection. */
   status?: pb.Status;
-  /** Losses of earlier connections (a node server's counters restart with it). */
+  /**
+   * Losses of earlier connections. `dropped` is per connection; the others
+   * are the node server's run's, which restart with it: a connection's last
+   * Status still counts while the link is down, and is added to these only
+   * when the next connection is to another run (Hello.instance differs).
+   * The same run carries its counts on, and its next Status replaces it.
+   */
   private lostBefore = 0;
   private kernelLostBefore = 0;
+  private stagesBefore: Record<string, number> = {};
+  private endedStatus?: pb.IStatus;
+  private endedInstance = '';
+  private instance = '';
   private lastMessageAt = 0;
   private lastDropAt = 0;
   private client?: SvctraceClient;
@@ -100,6 +110,10 @@ export class AgentLink {
     if (this.stopped) return;
     this.connState = 'connecting';
     const handlers: ClientHandlers = {
+      hello: (h) => {
+        this.instance = h.instance ?? '';
+        if (this.endedStatus && this.instance !== this.endedInstance) this.foldEnded();
+      },
       events: (events) => {
         this.seen();
         this.events += events.length;
@@ -120,6 +134,7 @@ export class AgentLink {
         this.seen();
         if (this.status && Number(s.dropped) > Number(this.status.dropped)) this.lastDropAt = Date.now();
         this.status = s;
+        this.endedStatus = undefined; // the same run's counts, carried on (another run's were folded at its Hello)
       },
       close: (code, reason) => this.lost(`closed (${code}${reason ? `: ${reason}` : ''})`),
     };
@@ -150,7 +165,8 @@ export class AgentLink {
     if (this.stopped) return; // let go on purpose: nothing to say or retry
     if (this.status) {
       this.lostBefore += Number(this.status.dropped);
-      this.kernelLostBefore += Number(this.status.kernelLost);
+      this.endedStatus = this.status;
+      this.endedInstance = this.instance;
       this.status = undefined;
     }
     this.client = undefined;
@@ -175,9 +191,28 @@ export class AgentLink {
     return 'connected';
   }
 
+  private foldEnded(): void {
+    const s = this.endedStatus!;
+    this.kernelLostBefore += Number(s.kernelLost ?? 0);
+    for (const [stage, n] of Object.entries(s.lostByStage ?? {})) this.stagesBefore[stage] = (this.stagesBefore[stage] ?? 0) + Number(n);
+    this.endedStatus = undefined;
+  }
+
+  /** The node server's counts now: its current connection's Status, or while down the last one's. */
+  private get runStatus(): pb.IStatus | undefined {
+    return this.status ?? this.endedStatus;
+  }
+
   /** Events the node server lost before they reached the relay: in its kernel and pipeline. */
   kernelLost(): number {
-    return this.kernelLostBefore + Number(this.status?.kernelLost ?? 0);
+    return this.kernelLostBefore + Number(this.runStatus?.kernelLost ?? 0);
+  }
+
+  /** The node server's losses per stage, all its runs (its own clients' stage, client_queues, included). */
+  lostByStage(): Record<string, number> {
+    const out = { ...this.stagesBefore };
+    for (const [stage, n] of Object.entries(this.runStatus?.lostByStage ?? {})) out[stage] = (out[stage] ?? 0) + Number(n);
+    return out;
   }
 
   /** Events the node server dropped for the relay (the relay read too slowly). */

@@ -36,7 +36,7 @@ export class Relay implements HubSource {
   /** What the relay's clients want of the node servers now (a new link starts with it). */
   private request = upstreamRequest([]);
   /** Links of node servers no longer listed: their counters stay in the totals. */
-  private lostByGone = { kernel: 0, relay: 0 };
+  private lostByGone = { kernel: 0, relay: 0, stages: {} as Record<string, number> };
 
   private constructor(private readonly opts: RelayOptions) {}
 
@@ -62,6 +62,7 @@ export class Relay implements HubSource {
       l.stop();
       this.lostByGone.kernel += l.kernelLost();
       this.lostByGone.relay += l.droppedForRelay();
+      for (const [stage, n] of Object.entries(l.lostByStage())) this.lostByGone.stages[stage] = (this.lostByGone.stages[stage] ?? 0) + n;
       this.opts.onNodeChange?.({ ...l.nodeState(), state: 'removed' });
     }
     const kept = this.links.filter((l) => wanted.has(l.url));
@@ -106,10 +107,10 @@ export class Relay implements HubSource {
 
   lostByStage(): Record<string, number> {
     const out: Record<string, number> = {};
-    for (const l of this.links) {
-      for (const [stage, n] of Object.entries(l.status?.lostByStage ?? {})) {
+    for (const losses of [this.lostByGone.stages, ...this.links.map((l) => l.lostByStage())]) {
+      for (const [stage, n] of Object.entries(losses)) {
         // The node server's loss to its own clients (the relay among them) is counted as relay_upstream below.
-        if (stage !== 'client_queues') out[stage] = (out[stage] ?? 0) + Number(n);
+        if (stage !== 'client_queues') out[stage] = (out[stage] ?? 0) + n;
       }
     }
     out.relay_upstream = this.links.reduce((n, l) => n + l.droppedForRelay(), this.lostByGone.relay);

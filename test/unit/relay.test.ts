@@ -180,3 +180,39 @@ describe('relay over three node servers', () => {
     assert.ok(await waitFor(() => servers.every((s) => s.hub.clientList()[0]?.paused === true), 5000));
   });
 });
+
+describe('relay: a node server\'s losses stay counted across reconnects and restarts', () => {
+  it('per stage and in total: kept while it is down, not counted twice when the same run comes back, added to when a new run starts from zero', async () => {
+    const lossesOf = (ringBuffer: number) => ({ ...syntheticSource(), node: 'node-l', kernelLost: () => ringBuffer, lostByStage: () => ({ ring_buffer: ringBuffer, flow_table: 0 }) });
+    let server = await StreamServer.start(lossesOf(5), { listen: '127.0.0.1:0', limits: { statusEveryMs: 50 } });
+    const port = server.address().port;
+    const relay = await Relay.start({ agents: [{ url: server.url(), minBackoffMs: 50, maxBackoffMs: 200 }], serve: { listen: '127.0.0.1:0' } });
+    const state = () => relay.nodes()[0]?.state;
+    try {
+      assert.ok(await waitFor(() => relay.lostByStage().ring_buffer === 5, 5000), JSON.stringify(relay.lostByStage()));
+      assert.equal(relay.kernelLost(), 5);
+      // The same run, its connection cut (the relay is its client): back, its counts are not added twice.
+      server.hub.clientList()[0]!.closeWith(4000, 'TEST', 'cut by the test');
+      assert.ok(await waitFor(() => (relay.nodes()[0]?.reconnects ?? 0) >= 1 && state() === 'connected', 5000), JSON.stringify(relay.nodes()));
+      await new Promise((r) => setTimeout(r, 200)); // a few Status messages of the same run
+      assert.equal(relay.lostByStage().ring_buffer, 5);
+      assert.equal(relay.kernelLost(), 5);
+      // The node server goes away: what it lost is still counted while it is down.
+      await server.close();
+      assert.ok(await waitFor(() => state() === 'down', 5000));
+      assert.equal(relay.lostByStage().ring_buffer, 5);
+      assert.equal(relay.kernelLost(), 5);
+      // A new run (restarted: counts from zero) adds its own.
+      server = await StreamServer.start(lossesOf(2), { listen: `127.0.0.1:${port}`, limits: { statusEveryMs: 50 } });
+      assert.ok(await waitFor(() => state() === 'connected' && relay.lostByStage().ring_buffer === 7, 5000), JSON.stringify(relay.lostByStage()));
+      assert.equal(relay.kernelLost(), 7);
+      // A node server no longer listed: its losses stay in the totals.
+      relay.setAgents([]);
+      assert.equal(relay.lostByStage().ring_buffer, 7);
+      assert.equal(relay.kernelLost(), 7);
+    } finally {
+      await relay.stop();
+      await server.close();
+    }
+  });
+});
