@@ -613,8 +613,13 @@ export class FlowTable implements FlowTableView {
     }
     if (fx.drop) {
       const c = this.summaryCounters;
-      if (!f.drops.includes(fx.drop)) c.dropFlowsByReason[fx.drop] = (c.dropFlowsByReason[fx.drop] ?? 0) + 1;
-      f.drops = appended(f.drops, fx.drop);
+      // Each reason once per flow, its packets counted in the summary: under
+      // --all-packets every dropped packet is an event, and the flow's list
+      // grew with them (memory bounded by the flows, not by the packets).
+      if (!f.drops.includes(fx.drop)) {
+        c.dropFlowsByReason[fx.drop] = (c.dropFlowsByReason[fx.drop] ?? 0) + 1;
+        f.drops = appended(f.drops, fx.drop);
+      }
       c.dropsByReason[fx.drop] = (c.dropsByReason[fx.drop] ?? 0) + 1;
     }
     // A TCP connection in TIME_WAIT or CLOSE has ended, though conntrack

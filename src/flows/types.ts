@@ -60,6 +60,7 @@ export interface Flow {
   lastTsNs: bigint;
   closed: boolean;
   closedTsNs?: bigint;
+  /** The reasons its packets were dropped for, each once (how many packets: the summary's dropsByReason). */
   drops: string[];
   /** Drops of reply packets (the backend answered; the answer was lost on its way back): "REASON at DEV in NETNS", a few at most. */
   replyDrops?: string[];

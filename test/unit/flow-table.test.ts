@@ -298,13 +298,22 @@ describe('FlowTable', () => {
     assert.equal(t.summary().closed, 1);
     // Flows start with one shared empty list for drops, ICMP errors, rule path and milestones: what one flow gets is its own.
     const [first, second] = t.flows();
-    assert.deepEqual(first!.drops, ['NETFILTER_DROP', 'NETFILTER_DROP', 'NETFILTER_DROP']);
+    assert.deepEqual(first!.drops, ['NETFILTER_DROP'], 'each reason once: the packets are counted in the summary');
     assert.deepEqual([second!.drops, second!.icmpErrors, second!.rulePath], [[], [], []]);
     assert.notEqual(first!.seen, second!.seen);
     const t2 = table();
     const [withError] = t2.ingest([ev({ tsNs: 1n }), ev({ tsNs: 2n, dir: Dir.REPLY, pkt: { saddr: '10.244.1.1', daddr: '10.244.1.1', sport: 0, dport: 0, proto: 1 }, icmpType: 3, icmpCode: 3 })]);
     const [other] = t2.ingest([ev({ tsNs: 3n, ctId: 'ffff3', ctOrig: { ...orig, sport: 40003 }, pkt: { ...orig, sport: 40003 } })]);
     assert.deepEqual([withError!.flow.icmpErrors.length, other!.flow.icmpErrors, first!.icmpErrors], [1, [], []]);
+  });
+
+  it('a flow\'s drops stay one entry per reason however many packets (--all-packets reports each): memory bounded by the flows, the count kept', () => {
+    const t = table();
+    t.ingest([ev({ tsNs: 1n })]);
+    for (let i = 0; i < 10_000; i++) t.ingest([ev({ tsNs: BigInt(10 + i), kind: EventKind.DROP, reason: 12 })]);
+    const [f] = t.flows();
+    assert.deepEqual(f!.drops, ['NETFILTER_DROP']);
+    assert.deepEqual(t.summary().dropsByReason, { NETFILTER_DROP: 10_000 });
   });
 
   it('expires closed flows after the grace period', () => {
