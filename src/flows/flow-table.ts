@@ -31,7 +31,7 @@ export class FlowTable implements FlowTableView {
   /** By nf_conn address (KernelEvent.ctKey), or `pkt:` tuple key for a packet dropped before conntrack kept an entry. */
   private readonly byKey = new Map<number | string, Flow>();
   private readonly byTuple = new Map<string, Flow>();
-  /** Flows retired by address reuse, not yet taken by the pipeline (bounded: taken after every batch). */
+  /** Flows retired by address reuse or evicted by the cap, not yet taken by the pipeline (bounded: taken after every batch). */
   private retired: Flow[] = [];
   /** Flows by their packets as the backend receives them (after DNAT and SNAT): traces from a pod's namespace find their flow here. */
   private readonly byBackendTuple = new Map<string, Flow>();
@@ -408,11 +408,19 @@ export class FlowTable implements FlowTableView {
     return { flow: f, event, entry };
   }
 
+  /**
+   * The table is at its cap: its oldest flow leaves it, counted (flow_table),
+   * and goes to the sinks like an expired one, marked, so that `-o flows`
+   * still shows it and the metrics do not judge it unanswered.
+   */
   private evictOldest(): void {
     const first = this.byKey.values().next();
     if (!first.done) {
-      this.remove(first.value);
+      const f = first.value;
+      this.remove(f);
       this.summaryCounters.evicted++;
+      f.evicted = true;
+      this.retired.push(f);
     }
   }
 

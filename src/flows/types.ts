@@ -60,6 +60,8 @@ export interface Flow {
   lastTsNs: bigint;
   closed: boolean;
   closedTsNs?: bigint;
+  /** Left the table while open, to keep it under its cap (flow_table counts it): what came after went to a new flow. */
+  evicted?: boolean;
   /** The reasons its packets were dropped for, each once (how many packets: the summary's dropsByReason). */
   drops: string[];
   /** Drops of reply packets (the backend answered; the answer was lost on its way back): "REASON at DEV in NETNS", a few at most. */

@@ -241,6 +241,7 @@ export class ServiceMetrics {
   /** Flows the table forgot: a connection that got no packet back is counted now. */
   expired(flows: readonly Flow[]): void {
     for (const f of flows) {
+      if (f.evicted) continue; // open when it left the table: not known to be unanswered
       const m = this.marks.get(f);
       if (m?.connected && !m.replied) this.inc(this.unanswered, 'svctrace_unanswered_connections_total', [f.service, f.backend ?? '']);
     }

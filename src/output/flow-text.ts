@@ -50,7 +50,8 @@ export function flowLine(f: Flow, backendName: (addr: string) => string | undefi
   const dur = (Number(f.lastTsNs - f.firstTsNs) / 1e6).toFixed(1);
   const backend = f.dnat ? `${f.reply.saddr}:${f.reply.sport}` : 'none (not DNATed)';
   const name = f.dnat ? backendName(f.reply.saddr) : undefined;
-  const state = f.closed ? 'closed' : f.proto === 6 ? (TCP_STATE_NAMES[f.tcpState] ?? 'open').toLowerCase() : 'open';
+  const open = f.proto === 6 ? (TCP_STATE_NAMES[f.tcpState] ?? 'open').toLowerCase() : 'open';
+  const state = f.closed ? 'closed' : f.evicted ? `${open}, evicted (flow table full: what came after is another flow)` : open;
   const failures = [
     ...(f.reset ? ['reset'] : []),
     ...[...new Set(f.drops)].map((d) => `dropped ${d}`),

@@ -328,6 +328,13 @@ describe('FlowTable', () => {
     const t = new FlowTable({ services: [parseServiceSpec('10.96.0.100:80')], maxFlows: 3 });
     for (let i = 0; i < 10; i++) t.ingest([ev({ ctId: `c${i}`, tsNs: BigInt(i), pkt: { ...orig, sport: i + 1 }, ctOrig: { ...orig, sport: i + 1 } })]);
     assert.equal(t.size, 3);
+    // The seven evicted flows are counted, and handed to the sinks (trace -o flows still shows them, marked).
+    assert.equal(t.lost, 7);
+    const evicted = t.takeRetired();
+    assert.deepEqual(evicted.map((f) => f.orig.sport), [1, 2, 3, 4, 5, 6, 7]);
+    assert.ok(evicted.every((f) => f.evicted && !f.closed));
+    assert.match(flowLine(evicted[0]!), /, evicted \(flow table full/);
+    assert.deepEqual(t.takeRetired(), []);
   });
 
   it('the backend on events follows the entry\'s reply tuple when a new entry takes over a flow', () => {
