@@ -399,7 +399,8 @@ static __always_inline void reverse_tuple(struct svt_tuple *dst, const struct sv
 
 /* The flow's four wire tuples: before/after NAT, in both directions. Done
  * whether or not the first packet's event fit in the ring: the flow's end
- * (and its final counters) are found through these. */
+ * (and its final counters) are found through these. Only for a flow with a
+ * state (see the caller). */
 static __always_inline void register_flow(__u64 ct_id, __u32 svc, const struct svt_tuple *orig, const struct svt_tuple *reply,
 					  __u8 counted_only)
 {
@@ -715,7 +716,13 @@ static __always_inline int observe_nf(struct sk_buff *skb, const struct nf_hook_
 		(hook == NF_INET_POST_ROUTING || hook == NF_INET_LOCAL_IN);
 
 	if (first) {
-		register_flow((__u64)ct, svc, &orig, &reply, st ? st->counted_only : 0);
+		/* Only a flow with a state: the registry (4 tuples per flow, LRU)
+		 * holds the flows the state map does. A flow without one (the
+		 * state map full, counted) took registry room that LRU then took
+		 * back from live flows, whose destroys no longer found their
+		 * state: it stayed until the idle sweep, and kept the map full. */
+		if (st)
+			register_flow((__u64)ct, svc, &orig, &reply, st->counted_only);
 		svt_count(SVT_CNT_FLOWS);
 		if (st) {
 			/* NAT is decided: the backend, and what it sees as the

@@ -201,12 +201,14 @@ void CtListener::Handle(const nlmsghdr* nlh) {
     // tuple registry; the state's own tuple guards against a reused address.
     svt_flow_ref ref;
     bool told = false;
+    bool taken = false;
     if (bpf_map_lookup_elem(flows_map_fd_, &e.ct_orig, &ref) == 0) {
       e.ct_id = ref.ct_id;
       svt_flow_stats r = {};
       __u64 key = ref.ct_id;
       if (bpf_map_lookup_elem(state_map_fd_, &key, &r.c) == 0 && SameTuple(r.c.orig, e.ct_orig) &&
           TakeMapElem(state_map_fd_, &key, &r.c) == 0) {
+        taken = true;
         // A connection whose end the kernel already reported (ENDED), with
         // no packet since: its account is complete, so no counters again.
         // A counted-only one reports no transitions either, so its destroy
@@ -227,6 +229,14 @@ void CtListener::Handle(const nlmsghdr* nlh) {
           Emit(&r, sizeof(r));
         }
       }
+    }
+    if (!taken && ConsumeStaleDestroy(e.ct_orig)) {
+      // The same race as above, lost the other way: while this destroy was
+      // being read, a new entry with its tuple came, and the kernel ended
+      // this one (REUSED) and took its state. The wire tuples are the new
+      // entry's now: left alone, and the destroy owed is this one.
+      Decrement(active_flows_);
+      return;
     }
     if (!told) Emit(&e, sizeof(e));
     // The flow is gone: forget its wire tuples in the kernel, and count it

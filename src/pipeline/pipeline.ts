@@ -40,6 +40,9 @@ import { ApiNames } from './api-names';
 import { RulePaths } from './rule-paths';
 import { Sink, SinkSet } from './sink';
 
+/** Backend addresses whose pod namespace is remembered, at most (a node runs a few hundred pods). */
+const BACKEND_NETNS_MAX = 4096;
+
 export interface PipelineOptions {
   /** The services to trace (at least one); an event's service id is its index here plus one (flows/service-ids). */
   services: ServiceSpec[];
@@ -132,7 +135,11 @@ export class Pipeline {
   /** False once the kernel source stopped: nothing reaches the sinks after that. */
   private delivering = true;
   private stopped: Promise<PipelineResult> | undefined;
-  /** Backend address -> the pod namespace it was seen in (outlives expired flows). */
+  /**
+   * Backend address -> the pod namespace it was seen in (outlives expired
+   * flows). In the order last seen, at most BACKEND_NETNS_MAX: pods come and
+   * go over a long trace, each with a new address.
+   */
   private readonly backendNetns = new Map<string, string>();
   /** Flows changed since the stream last took them; only kept once a hub asked. */
   private changed: Map<number, Flow> | undefined;
@@ -235,7 +242,7 @@ export class Pipeline {
     if (!this.delivering || !items.length) return;
     for (const item of items) {
       const flow = item.flow;
-      if (flow.backendNetns && flow.dnat) this.backendNetns.set(flow.reply.saddr, flow.backendNetns);
+      if (flow.backendNetns && flow.dnat) this.rememberBackendNetns(flow.reply.saddr, flow.backendNetns);
       this.changed?.set(flow.id, flow);
       if (this.apiNames) nameItem(item, this.apiNames.names(flow));
     }
@@ -270,6 +277,13 @@ export class Pipeline {
 
   /** The pod namespace a backend address was seen in, if any. */
   readonly backendName = (addr: string): string | undefined => this.backendNetns.get(addr);
+
+  private rememberBackendNetns(addr: string, netns: string): void {
+    if (this.backendNetns.get(addr) === netns) return;
+    this.backendNetns.delete(addr); // anew, at the end
+    if (this.backendNetns.size >= BACKEND_NETNS_MAX) this.backendNetns.delete(this.backendNetns.keys().next().value!);
+    this.backendNetns.set(addr, netns);
+  }
 
   /** The streaming server's view of this trace. */
   hubSource(): HubSource {
