@@ -159,7 +159,8 @@ describe('evidence: record, verify, replay, export (kernel)', () => {
     for (let i = 0; i < 3; i++) assert.ok((await lab.curl(`http://${web.clusterIP}/`)).ok);
     await sleep(1500); // these events are in the file (chunks every 500 ms)
     // Fill the rest of the recorder's disk, reached through its mount namespace.
-    const recorder = Number(execFileSync('pgrep', ['-P', String(rec.pid), '-f', 'record'], { encoding: 'utf8' }).trim().split('\n')[0]);
+    // (unshare execs the shell; the recorder is the shell's one child.)
+    const recorder = Number(fs.readFileSync(`/proc/${rec.pid}/task/${rec.pid}/children`, 'utf8').trim().split(' ')[0]);
     const filler = fs.openSync(`/proc/${recorder}/root${mnt}/filler`, 'w');
     try {
       const block = Buffer.alloc(64 * 1024);
