@@ -128,7 +128,8 @@ export class ChunkWriter {
     } catch (e) {
       if (!this.failure) {
         fs.closeSync(this.fd);
-        throw new SvctraceError('WRITE_FAILED', `cannot write ${this.path}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`, { op: 'fsync', cause: e });
+        this.failure = new SvctraceError('WRITE_FAILED', `cannot write ${this.path}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`, { op: 'fsync', cause: e });
+        throw this.failure;
       }
     }
     fs.closeSync(this.fd);

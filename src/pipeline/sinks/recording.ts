@@ -24,11 +24,11 @@ import { SvctraceError } from '../../errors';
 import pb = svctrace.v1;
 
 const FLUSH_BYTES = 1024 * 1024;
+const FLUSH_MS = 500;
 
 function isWriteFailure(e: unknown): e is SvctraceError {
   return e instanceof SvctraceError && e.code === 'WRITE_FAILED';
 }
-const FLUSH_MS = 500;
 
 /** The trailer's fields the recorder knows, not the sink: counters from the trace and why it ended. */
 export type TrailerCounters = Pick<pb.IRecordingTrailer, 'flows' | 'kernelLost' | 'lostByStage' | 'dropsByReason' | 'reason'>;
