@@ -55,10 +55,18 @@ export function chunkHeader(type: ChunkType, length: number): Buffer {
  * chunk, so the file stays a readable recording that is only cut short; the
  * error is thrown as WRITE_FAILED, and the first one is kept (`failure`).
  * A later write is still tried (a trailer, once the device has room again).
+ *
+ * A pipe, FIFO or device (`-o /dev/stdout | ...`) cannot be cut back or
+ * synced: it is written in sequence, and after a write that failed half way
+ * nothing more is written (what follows a half chunk would be unreadable).
  */
 export class ChunkWriter {
   private prev = initialHash();
   private fd: number;
+  /** A regular file: positional writes, cut-back and fsync work on it. */
+  private readonly seekable: boolean;
+  /** A half chunk went to a stream that cannot be cut back: nothing more can be written. */
+  private torn = false;
   /** The file's length: the end of its last whole chunk (every write is at this offset). */
   bytes = 0;
   /** The first write error. */
@@ -71,6 +79,7 @@ export class ChunkWriter {
   ) {
     this.fd = fs.openSync(path, overwrite ? 'w' : 'wx', 0o640);
     try {
+      this.seekable = fs.fstatSync(this.fd).isFile();
       this.append(MAGIC);
     } catch (e) {
       fs.closeSync(this.fd);
@@ -88,12 +97,14 @@ export class ChunkWriter {
   }
 
   private append(buf: Buffer): void {
+    if (this.torn) throw this.failure!;
     let off = 0;
     try {
       // Positional writes: after a cut-back the next chunk starts where the last whole one ended.
-      while (off < buf.length) off += fs.writeSync(this.fd, buf, off, buf.length - off, this.bytes + off);
+      while (off < buf.length) off += fs.writeSync(this.fd, buf, off, buf.length - off, this.seekable ? this.bytes + off : null);
     } catch (e) {
-      if (off) {
+      if (off && !this.seekable) this.torn = true;
+      else if (off) {
         try {
           fs.ftruncateSync(this.fd, this.bytes);
         } catch {
@@ -118,13 +129,14 @@ export class ChunkWriter {
   }
 
   sync(): void {
-    fs.fsyncSync(this.fd);
+    if (this.seekable) fs.fsyncSync(this.fd);
   }
 
   /** Syncs and closes; a sync that fails after a write error is not news (the error was thrown already). */
   close(): void {
     try {
-      fs.fsyncSync(this.fd);
+      // A pipe or device has nothing to sync (fsync would fail with EINVAL).
+      if (this.seekable) fs.fsyncSync(this.fd);
     } catch (e) {
       if (!this.failure) {
         fs.closeSync(this.fd);

@@ -134,6 +134,19 @@ describe('recordings', () => {
     });
   }
 
+  it('-o a pipe or a device: written in sequence, byte for byte the same recording (no positional write, no fsync)', async () => {
+    const fifo = path.join(dir, 'pipe');
+    const out = path.join(dir, 'from-pipe.svtr');
+    assert.equal(spawnSync('mkfifo', [fifo]).status, 0);
+    const { spawn } = await import('node:child_process');
+    const cat = spawn('sh', ['-c', 'exec cat "$1" > "$2"', 'sh', fifo, out], { stdio: 'ignore' });
+    const done = new Promise<number | null>((resolve) => cat.on('exit', resolve));
+    makeRecording(fifo); // blocks in open until cat opens the FIFO's other end
+    assert.equal(await done, 0);
+    assert.deepEqual(fs.readFileSync(out), fs.readFileSync(good));
+    assert.doesNotThrow(() => makeRecording('/dev/null'));
+  });
+
   it('an intact recording verifies and replays every event', async () => {
     const rec = readRecording(good);
     assert.deepEqual(rec.problems, []);
