@@ -421,6 +421,9 @@ export class FlowTable implements FlowTableView {
       this.summaryCounters.evicted++;
       f.evicted = true;
       this.retired.push(f);
+      // Its connection may go on in the kernel: its periodic counters still
+      // reach it while it is remembered, else each is counted lost.
+      this.rememberEnded(f);
     }
   }
 

@@ -137,8 +137,10 @@ export class Pipeline {
   private stopped: Promise<PipelineResult> | undefined;
   /**
    * Backend address -> the pod namespace it was seen in (outlives expired
-   * flows). In the order last seen, at most BACKEND_NETNS_MAX: pods come and
-   * go over a long trace, each with a new address.
+   * flows). At most BACKEND_NETNS_MAX, the oldest dropped first: pods come
+   * and go over a long trace, each with a new address. Ordered by when an
+   * address was last given a namespace (not by every flow: this is per item,
+   * and reordering a Map costs a delete and an insert).
    */
   private readonly backendNetns = new Map<string, string>();
   /** Flows changed since the stream last took them; only kept once a hub asked. */

@@ -177,7 +177,7 @@ describe('evidence: record, verify, replay, export (kernel)', () => {
       await lab.curl(`http://${web.clusterIP}/`);
       await sleep(200);
     }
-    if (status === undefined) rec.kill('SIGINT');
+    if (status === undefined) process.kill(recorder, 'SIGINT'); // the recorder itself (rec is the shell, which would not pass it on)
     assert.equal(await exited, 10, err);
     const lines = err.trim().split('\n').filter((l) => !l.includes('Ctrl-C to stop'));
     assert.equal(lines.length, 1, err);

@@ -335,6 +335,13 @@ describe('FlowTable', () => {
     assert.ok(evicted.every((f) => f.evicted && !f.closed));
     assert.match(flowLine(evicted[0]!), /, evicted \(flow table full/);
     assert.deepEqual(t.takeRetired(), []);
+    // An evicted connection that goes on in the kernel: its periodic counters reach its flow, not the loss count.
+    for (let s = 1; s <= 3; s++) {
+      const [i] = t.ingest([], [stats({ ctId: 'c0', tsNs: BigInt(1000 + s), orig: { ...orig, sport: 1 }, firstNs: 0n, lastNs: BigInt(1000 + s), packets: [s, s], bytes: [60 * s, 60 * s] })]);
+      assert.equal(i?.flow, evicted[0]);
+    }
+    assert.deepEqual(evicted[0]!.packets, [3, 3]);
+    assert.equal(t.lost, 7);
   });
 
   it('the backend on events follows the entry\'s reply tuple when a new entry takes over a flow', () => {
