@@ -191,6 +191,21 @@ export class AgentLink {
     return 'connected';
   }
 
+  /**
+   * This link is to a node server listed again after it was let go (`gone`,
+   * stopped): gone's counts are this link's before its first connection,
+   * as if that were a reconnect (the same run carries them on, another run
+   * adds its own).
+   */
+  carryOn(gone: AgentLink): void {
+    this.lostBefore = gone.droppedForRelay();
+    this.kernelLostBefore = gone.kernelLostBefore;
+    this.stagesBefore = { ...gone.stagesBefore };
+    this.endedStatus = gone.runStatus;
+    this.endedInstance = gone.status ? gone.instance : gone.endedInstance;
+    this.reconnects = gone.reconnects;
+  }
+
   private foldEnded(): void {
     const s = this.endedStatus!;
     this.kernelLostBefore += Number(s.kernelLost ?? 0);

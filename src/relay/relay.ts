@@ -17,6 +17,8 @@ import pb = svctrace.v1;
 
 /** Flows changed since the last FlowUpdate, at most this many (the oldest changes give way, counted). */
 const MAX_CHANGED_FLOWS = 20_000;
+/** Node servers no longer listed whose counters are kept per URL (see Relay.goneLinks). */
+const GONE_LINKS_MAX = 1024;
 
 export interface RelayOptions {
   agents: Array<Omit<AgentLinkOptions, 'token' | 'ca'>>;
@@ -35,7 +37,14 @@ export class Relay implements HubSource {
   private flowsDropped = 0;
   /** What the relay's clients want of the node servers now (a new link starts with it). */
   private request = upstreamRequest([]);
-  /** Links of node servers no longer listed: their counters stay in the totals. */
+  /**
+   * Links of node servers no longer listed, stopped, by URL: their counters
+   * stay in the totals, and a server listed again (a node back in the
+   * EndpointSlice, the same run) carries them on instead of counting its
+   * run twice. At most GONE_LINKS_MAX (nodes come and go in an autoscaled
+   * cluster); older ones are folded into lostByGone.
+   */
+  private readonly goneLinks = new Map<string, AgentLink>();
   private lostByGone = { kernel: 0, relay: 0, stages: {} as Record<string, number> };
 
   private constructor(private readonly opts: RelayOptions) {}
@@ -60,9 +69,9 @@ export class Relay implements HubSource {
     for (const l of this.links) {
       if (wanted.has(l.url)) continue;
       l.stop();
-      this.lostByGone.kernel += l.kernelLost();
-      this.lostByGone.relay += l.droppedForRelay();
-      for (const [stage, n] of Object.entries(l.lostByStage())) this.lostByGone.stages[stage] = (this.lostByGone.stages[stage] ?? 0) + n;
+      this.goneLinks.delete(l.url);
+      if (this.goneLinks.size >= GONE_LINKS_MAX) this.foldGone(this.goneLinks.keys().next().value!);
+      this.goneLinks.set(l.url, l);
       this.opts.onNodeChange?.({ ...l.nodeState(), state: 'removed' });
     }
     const kept = this.links.filter((l) => wanted.has(l.url));
@@ -78,11 +87,30 @@ export class Relay implements HubSource {
           changed: (l) => this.opts.onNodeChange?.(l.nodeState()),
         },
       );
+      const before = this.goneLinks.get(a.url);
+      if (before) {
+        link.carryOn(before);
+        this.goneLinks.delete(a.url);
+      }
       link.apply(this.request);
       link.start();
       kept.push(link);
     }
     this.links = kept;
+  }
+
+  /** A gone link's counters into the totals, the link let go. */
+  private foldGone(url: string): void {
+    const l = this.goneLinks.get(url)!;
+    this.goneLinks.delete(url);
+    this.lostByGone.kernel += l.kernelLost();
+    this.lostByGone.relay += l.droppedForRelay();
+    for (const [stage, n] of Object.entries(l.lostByStage())) this.lostByGone.stages[stage] = (this.lostByGone.stages[stage] ?? 0) + n;
+  }
+
+  /** The links whose counters make the totals: listed, and gone but remembered. */
+  private countedLinks(): AgentLink[] {
+    return this.goneLinks.size ? [...this.links, ...this.goneLinks.values()] : this.links;
   }
 
   url(): string {
@@ -102,18 +130,18 @@ export class Relay implements HubSource {
   }
 
   kernelLost(): number {
-    return this.links.reduce((n, l) => n + l.kernelLost(), this.lostByGone.kernel);
+    return this.countedLinks().reduce((n, l) => n + l.kernelLost(), this.lostByGone.kernel);
   }
 
   lostByStage(): Record<string, number> {
     const out: Record<string, number> = {};
-    for (const losses of [this.lostByGone.stages, ...this.links.map((l) => l.lostByStage())]) {
+    for (const losses of [this.lostByGone.stages, ...this.countedLinks().map((l) => l.lostByStage())]) {
       for (const [stage, n] of Object.entries(losses)) {
         // The node server's loss to its own clients (the relay among them) is counted as relay_upstream below.
         if (stage !== 'client_queues') out[stage] = (out[stage] ?? 0) + n;
       }
     }
-    out.relay_upstream = this.links.reduce((n, l) => n + l.droppedForRelay(), this.lostByGone.relay);
+    out.relay_upstream = this.countedLinks().reduce((n, l) => n + l.droppedForRelay(), this.lostByGone.relay);
     out.relay_flows = this.flowsDropped;
     return out;
   }

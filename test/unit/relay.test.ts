@@ -210,6 +210,14 @@ describe('relay: a node server\'s losses stay counted across reconnects and rest
       relay.setAgents([]);
       assert.equal(relay.lostByStage().ring_buffer, 7);
       assert.equal(relay.kernelLost(), 7);
+      // Listed again (the node back in the EndpointSlice), the same run: its counts carry on, not added twice.
+      relay.setAgents([{ url: server.url(), minBackoffMs: 50, maxBackoffMs: 200 }]);
+      assert.ok(await waitFor(() => state() === 'connected', 5000));
+      await new Promise((r) => setTimeout(r, 200)); // a few Status messages of the same run
+      assert.equal(relay.lostByStage().ring_buffer, 7);
+      assert.equal(relay.kernelLost(), 7);
+      relay.setAgents([]);
+      assert.equal(relay.kernelLost(), 7);
     } finally {
       await relay.stop();
       await server.close();
