@@ -199,41 +199,66 @@ void CtListener::Handle(const nlmsghdr* nlh) {
     }
     // The flow's final counters: its kernel address comes from the wire
     // tuple registry; the state's own tuple guards against a reused address.
+    //
+    // A new entry with this tuple (a client reusing its port) can come at
+    // any moment while this runs: the BPF side then ends the old state
+    // (REUSED), owes its destroy (svt_stale_destroys, before it writes the
+    // new state) and registers the new entry's wire tuples. Each step below
+    // checks for that, so that this destroy never takes the new entry's
+    // state or wire tuples (see the three cases marked "race").
     svt_flow_ref ref;
     bool told = false;
     bool taken = false;
+    __u64 key = 0;
     if (bpf_map_lookup_elem(flows_map_fd_, &e.ct_orig, &ref) == 0) {
       e.ct_id = ref.ct_id;
       svt_flow_stats r = {};
-      __u64 key = ref.ct_id;
-      if (bpf_map_lookup_elem(state_map_fd_, &key, &r.c) == 0 && SameTuple(r.c.orig, e.ct_orig) &&
-          TakeMapElem(state_map_fd_, &key, &r.c) == 0) {
-        taken = true;
-        // A connection whose end the kernel already reported (ENDED), with
-        // no packet since: its account is complete, so no counters again.
-        // A counted-only one reports no transitions either, so its destroy
-        // adds nothing at all. (Two records fewer per connection on a busy
-        // node, where most are counted only.)
-        const bool end_told = r.c.end_sent;
-        const bool corrected = RaiseToConntrack(top.a, &r.c);
-        told = r.c.counted_only && end_told && !corrected;
-        if (!end_told || corrected) {
-          // Corrected counters are news even after an end: not marked as
-          // its repeat (user space ignores a repeat of a flow gone).
-          r.c.end_sent = 0;
-          r.kind = SVT_EV_FLOW_STATS;
-          r.size = sizeof(r);
-          r.ts_ns = e.ts_ns;
-          r.ct_id = key;
-          r.reason = SVT_STATS_CLOSED;
-          Emit(&r, sizeof(r));
+      svt_flow_counters seen;
+      key = ref.ct_id;
+      if (bpf_map_lookup_elem(state_map_fd_, &key, &seen) == 0 && SameTuple(seen.orig, e.ct_orig)) {
+        // Race 1: the state found is the new entry's (its stale destroy is
+        // owed by now: owed before its state was written).
+        if (ConsumeStaleDestroy(e.ct_orig)) {
+          Decrement(active_flows_);
+          return;
+        }
+        if (TakeMapElem(state_map_fd_, &key, &r.c) == 0) {
+          if (r.c.first_ns != seen.first_ns) {
+            // Race 2: the new entry came at the same address between the
+            // lookup and the take: its state goes back (unless its next
+            // packet made another already), and this is the stale destroy.
+            bpf_map_update_elem(state_map_fd_, &key, &r.c, BPF_NOEXIST);
+            ConsumeStaleDestroy(e.ct_orig);
+            Decrement(active_flows_);
+            return;
+          }
+          taken = true;
+          // A connection whose end the kernel already reported (ENDED), with
+          // no packet since: its account is complete, so no counters again.
+          // A counted-only one reports no transitions either, so its destroy
+          // adds nothing at all. (Two records fewer per connection on a busy
+          // node, where most are counted only.)
+          const bool end_told = r.c.end_sent;
+          const bool corrected = RaiseToConntrack(top.a, &r.c);
+          told = r.c.counted_only && end_told && !corrected;
+          if (!end_told || corrected) {
+            // Corrected counters are news even after an end: not marked as
+            // its repeat (user space ignores a repeat of a flow gone).
+            r.c.end_sent = 0;
+            r.kind = SVT_EV_FLOW_STATS;
+            r.size = sizeof(r);
+            r.ts_ns = e.ts_ns;
+            r.ct_id = key;
+            r.reason = SVT_STATS_CLOSED;
+            Emit(&r, sizeof(r));
+          }
         }
       }
     }
     if (!taken && ConsumeStaleDestroy(e.ct_orig)) {
-      // The same race as above, lost the other way: while this destroy was
-      // being read, a new entry with its tuple came, and the kernel ended
-      // this one (REUSED) and took its state. The wire tuples are the new
+      // The same race, lost the other way: while this destroy was being
+      // read, a new entry with its tuple came, and the kernel ended this
+      // one (REUSED) and took its state. The wire tuples are the new
       // entry's now: left alone, and the destroy owed is this one.
       Decrement(active_flows_);
       return;
@@ -244,6 +269,18 @@ void CtListener::Handle(const nlmsghdr* nlh) {
     svt_tuple keys[4] = {e.ct_orig, e.ct_reply};
     ReverseInto(&keys[2], e.ct_orig);
     ReverseInto(&keys[3], e.ct_reply);
+    if (taken) {
+      // Race 3: a new entry with this tuple came after the take: it found
+      // no state to end (nothing owed) and registered its own wire tuples,
+      // at another address or at this one with a state again. Those stay;
+      // this flow's other tuples are left to the registry's LRU.
+      svt_flow_counters probe;
+      if (bpf_map_lookup_elem(flows_map_fd_, &e.ct_orig, &ref) == 0 &&
+          (ref.ct_id != key || bpf_map_lookup_elem(state_map_fd_, &key, &probe) == 0)) {
+        Decrement(active_flows_);
+        return;
+      }
+    }
     if (DeleteFlowRefs(keys, 4)) Decrement(active_flows_);
   }
 }

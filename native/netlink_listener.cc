@@ -27,6 +27,9 @@ constexpr int kPollMs = 50;
 // connection, several per connection for rule traces. The socket buffer
 // (16 MiB) holds far more than arrives in this time.
 constexpr auto kGather = std::chrono::milliseconds(SVT_POLL_MS);
+// Reads of the socket at stop (each up to 4 pages of messages): its 16 MiB
+// buffer several times over.
+constexpr int kDrainAtStopMax = 4096;
 }  // namespace
 
 uint64_t MonotonicNs() {
@@ -147,6 +150,23 @@ void NetlinkListener::Run() {
       continue;
     }
     if (sink_->Due()) sink_->Flush();
+  }
+  // Stopping: what the socket still holds is read and goes with the last
+  // batch (handed over by Stop, or counted lost at close), instead of going
+  // with the socket uncounted. Bounded: new messages may keep coming on a
+  // busy node, and the socket would be read forever.
+  for (int i = 0; i < kDrainAtStopMax; i++) {
+    ssize_t n = recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == ENOBUFS) {
+        overruns_++;
+        continue;
+      }
+      break;
+    }
+    const nlmsghdr* nlh = reinterpret_cast<const nlmsghdr*>(buf.data());
+    int len = (int)n;
+    for (; mnl_nlmsg_ok(nlh, len); nlh = mnl_nlmsg_next(nlh, &len)) Handle(nlh);
   }
 }
 

@@ -8,7 +8,13 @@ import type { NativeStats } from '../native/binding';
 export interface StageLosses {
   /** Records the kernel could not write: the ring buffer was full (user space behind). */
   ring_buffer: number;
-  /** Flows the kernel could not keep counters for (its flow-state map was full). */
+  /**
+   * Flows the kernel could not keep counters for (its flow-state map was
+   * full). Such a flow's first packet is still reported, but it has no
+   * counters and its wire tuples are not registered (the registry holds the
+   * flows the state map does), so drops of it inside a pod's namespace,
+   * found through the registry, go unreported.
+   */
   flow_state: number;
   /**
    * Flows none of whose records fit the ring buffer, final counters
