@@ -22,7 +22,7 @@ import { KernelIngested, StatsIngested } from './ingested';
 import { BENIGN_DROPS, Classification, classifyEvent, inferredRulePathSummary, MARKER_TABLE_PREFIX, rulePathOf, tcpStateLeft } from './classify';
 import { serviceLabelById } from './service-ids';
 import { endpoint, flat, internKey, sameTuple, tupleKey } from './tuple';
-import type { Flow, FlowSummary, FlowTableOptions, FlowTableView, Ingested, TimelineEntry } from './types';
+import { flowTableLost, type Flow, type FlowSummary, type FlowTableOptions, type FlowTableView, type Ingested, type TimelineEntry } from './types';
 
 import pb = svctrace.v1;
 const Stage = pb.Stage;
@@ -41,7 +41,7 @@ export class FlowTable implements FlowTableView {
   /** deliveredThrough, read at most once per ingested batch. */
   private deliveredThroughNow?: bigint;
   private readonly dropReasons: Record<string, string>;
-  private readonly summaryCounters: FlowSummary = { flows: 0, closed: 0, perBackend: {}, dropsByReason: {}, dropFlowsByReason: {}, resets: 0, evicted: 0, lateCounters: 0, countedOnly: 0 };
+  private readonly summaryCounters: FlowSummary = { flows: 0, closed: 0, perBackend: {}, dropsByReason: {}, dropFlowsByReason: {}, resets: 0, evicted: 0, lateCounters: 0, orphanEvents: 0, countedOnly: 0 };
   /** Rule traces that were waiting for a flow, emitted right after its first event. */
   private readonly deferred: Ingested[] = [];
   /** Flows of entries older than the one at their address, made from their late records (see olderEntryFlow). */
@@ -69,9 +69,9 @@ export class FlowTable implements FlowTableView {
     return this.summaryCounters.evicted;
   }
 
-  /** What the table lost (the flow_table stage): flows evicted by the cap, and counter records that came after their flow had left it. */
+  /** What the table lost (the flow_table stage): see flowTableLost. */
   get lost(): number {
-    return this.summaryCounters.evicted + this.summaryCounters.lateCounters;
+    return flowTableLost(this.summaryCounters);
   }
 
   get size(): number {
@@ -558,7 +558,10 @@ export class FlowTable implements FlowTableView {
 
   private ingestOne(e: KernelEvent): Ingested | undefined {
     const f = this.flowFor(e);
-    if (!f) return undefined;
+    if (!f) {
+      if (e.kind !== EventKind.CT_DESTROY) this.summaryCounters.orphanEvents++;
+      return undefined;
+    }
     // (Most of the time none wait: no lookup per event then.)
     const pending = this.pendingTraces.size ? this.pendingTraces.get(f.tupleIndexKey) : undefined;
     if (pending && !f.rulePath.length) {

@@ -133,6 +133,14 @@ export interface FlowSummary {
    * or in a storm): not applied, counted as lost (stage flow_table).
    */
   lateCounters: number;
+  /**
+   * Events (a device crossing, a route, a drop) of a flow no longer in the
+   * table (evicted, expired) or whose first event never came (lost in the
+   * ring: counted there too, as that one event): no flow to show them in,
+   * counted as lost (stage flow_table). Destroys of flows gone are not
+   * counted: the flow went to the sinks already.
+   */
+  orphanEvents: number;
   /** Flows seen that were counted only (over the detail budget, --detail-rate): in `flows` too. */
   countedOnly: number;
 }
@@ -142,4 +150,9 @@ export interface FlowTableView {
   readonly size: number;
   flows(): Flow[];
   summary(): FlowSummary;
+}
+
+/** What a flow table lost (the flow_table stage): flows evicted by its cap, and records that came when their flow was no longer there. */
+export function flowTableLost(s: Pick<FlowSummary, 'evicted' | 'lateCounters' | 'orphanEvents'>): number {
+  return s.evicted + (s.lateCounters ?? 0) + (s.orphanEvents ?? 0);
 }

@@ -4,7 +4,7 @@
  * printed on exit. Colour only when writing to a terminal.
  */
 import { svctrace } from '../gen/svctrace';
-import type { Flow, FlowSummary, Ingested } from '../flows/types';
+import { flowTableLost, type Flow, type FlowSummary, type Ingested } from '../flows/types';
 import { PROTO_NAMES, TCP_CT_STATES as TCP_STATE_NAMES } from '../events/conntrack';
 import type { TracerStats } from '../tracer/tracer';
 import { formatLosses, kernelLosses, totalLost } from '../tracer/losses';
@@ -128,7 +128,7 @@ export function formatSummary(s: FlowSummary, stats: TracerStats, backendName: (
   const drops = Object.entries(s.dropsByReason);
   const flowsOf = (r: string) => s.dropFlowsByReason?.[r] ?? 0;
   lines.push(drops.length ? `  drops by reason: ${drops.map(([r, n]) => `${r}=${n} packets in ${flowsOf(r)} flow${flowsOf(r) === 1 ? '' : 's'}`).join(', ')}` : '  drops: none');
-  const losses = { ...kernelLosses(stats), flow_table: s.evicted + (s.lateCounters ?? 0) };
+  const losses = { ...kernelLosses(stats), flow_table: flowTableLost(s) };
   const lost = totalLost(losses);
   lines.push(
     `  events: ${stats.recordsRead} kernel + ${stats.ctDestroyEvents} conntrack destroy (${stats.packetsCounted} packets counted in the kernel), lost: ${lost}` +

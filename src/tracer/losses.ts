@@ -55,7 +55,7 @@ export interface StageLosses {
   undecodable: number;
   /** Records read but not handed to JavaScript when the tracer stopped. */
   shutdown: number;
-  /** Flows removed from the flow table to stay under its cap, and counter records that came after their flow had left it. */
+  /** Flows removed from the flow table to stay under its cap, and counter records and events that came after their flow had left it (see flowTableLost). */
   flow_table: number;
   /**
    * Events a streaming client missed: dropped from its queue because it read

@@ -342,6 +342,10 @@ describe('FlowTable', () => {
     }
     assert.deepEqual(evicted[0]!.packets, [3, 3]);
     assert.equal(t.lost, 7);
+    // An event of it (a device crossing) has no flow to go to: counted lost, not let go.
+    assert.deepEqual(t.ingest([ev({ ctId: 'c0', tsNs: 2000n, kind: EventKind.DEV_RECV, pkt: { ...orig, sport: 1 }, ctOrig: { ...orig, sport: 1 }, ifname: 'eth0', linkKind: 'veth' })]), []);
+    assert.equal(t.summary().orphanEvents, 1);
+    assert.equal(t.lost, 8);
   });
 
   it('the backend on events follows the entry\'s reply tuple when a new entry takes over a flow', () => {
