@@ -121,6 +121,9 @@ void BatchSink::Close() {
 }
 
 void BatchSink::CallJs(Napi::Env env, Napi::Function fn, JsSide* js, Batch* batch) {
+  // No env: Node is tearing the environment down (the process or worker is
+  // exiting) with batches still queued. They are freed uncounted: the
+  // stats that would count them can no longer be read by anyone.
   if (env != nullptr && fn != nullptr && js != nullptr) {
     try {
       // A copy into memory V8 owns and accounts for (external memory handed
