@@ -131,20 +131,7 @@ void NetlinkListener::Run() {
     if (pr > 0) {
       // Drain what is queued (while the batch has room), then flush once.
       bool got = false;
-      while (!sink_->Full()) {
-        ssize_t n = recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
-        if (n < 0) {
-          if (errno == ENOBUFS) {
-            overruns_++;
-            continue;
-          }
-          break;
-        }
-        got = true;
-        const nlmsghdr* nlh = reinterpret_cast<const nlmsghdr*>(buf.data());
-        int len = (int)n;
-        for (; mnl_nlmsg_ok(nlh, len); nlh = mnl_nlmsg_next(nlh, &len)) Handle(nlh);
-      }
+      while (!sink_->Full() && ReadOnce(fd, buf)) got = true;
       if (sink_->Due()) sink_->Flush();
       if (got && !stop_.load()) std::this_thread::sleep_for(kGather);
       continue;
@@ -155,18 +142,27 @@ void NetlinkListener::Run() {
   // batch (handed over by Stop, or counted lost at close), instead of going
   // with the socket uncounted. Bounded: new messages may keep coming on a
   // busy node, and the socket would be read forever.
-  for (int i = 0; i < kDrainAtStopMax; i++) {
+  for (int i = 0; i < kDrainAtStopMax && ReadOnce(fd, buf); i++) {
+  }
+}
+
+// One read of the socket, its messages handled; false when it held none.
+// An overrun (ENOBUFS: the kernel dropped messages, counted) is not the
+// end of what it holds.
+bool NetlinkListener::ReadOnce(int fd, std::vector<char>& buf) {
+  for (;;) {
     ssize_t n = recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
     if (n < 0) {
       if (errno == ENOBUFS) {
         overruns_++;
         continue;
       }
-      break;
+      return false;
     }
     const nlmsghdr* nlh = reinterpret_cast<const nlmsghdr*>(buf.data());
     int len = (int)n;
     for (; mnl_nlmsg_ok(nlh, len); nlh = mnl_nlmsg_next(nlh, &len)) Handle(nlh);
+    return true;
   }
 }
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "batch_sink.h"
 
@@ -45,6 +46,7 @@ class NetlinkListener {
 
  private:
   void Run();
+  bool ReadOnce(int fd, std::vector<char>& buf);
 
   mnl_socket* nl_ = nullptr;
   std::unique_ptr<BatchSink> sink_;
