@@ -70,9 +70,9 @@ export async function runDemo(opts: { requests: number; out?: NodeJS.WritableStr
     await sleep(2500);
     await lab.reapConntrack();
     await sleep(300);
-    const { summary, stats } = await pipeline.stop();
+    const { summary, stats, losses } = await pipeline.stop();
     say('');
-    say(formatSummary(summary, stats, pipeline.backendName));
+    say(formatSummary(summary, stats, pipeline.backendName, losses));
     say(`  pods' own logs: ${lab.pods.map((p) => `${p.name}=${lab.served.filter((s) => s.pod === p.name).length}`).join(' ')}`);
   } finally {
     await pipeline?.stop();

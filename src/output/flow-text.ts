@@ -7,7 +7,7 @@ import { svctrace } from '../gen/svctrace';
 import { flowTableLost, type Flow, type FlowSummary, type Ingested } from '../flows/types';
 import { PROTO_NAMES, TCP_CT_STATES as TCP_STATE_NAMES } from '../events/conntrack';
 import type { TracerStats } from '../tracer/tracer';
-import { formatLosses, kernelLosses, totalLost } from '../tracer/losses';
+import { formatLosses, kernelLosses, totalLost, type StageLosses } from '../tracer/losses';
 import { eventSummary, isFailureEvent, stageLabel } from './event-summary';
 
 export { isFailureEvent, stageLabel };
@@ -111,7 +111,12 @@ export class FlowTextPrinter {
 }
 
 /** The summary printed when a trace ends (Ctrl-C or --duration). */
-export function formatSummary(s: FlowSummary, stats: TracerStats, backendName: (addr: string) => string | undefined = () => undefined): string {
+/**
+ * The summary a trace ends with. `losses`: the pipeline's count per stage
+ * (PipelineResult.losses: the outputs' failures included); without it, the
+ * kernel's, the tracer's and the flow table's.
+ */
+export function formatSummary(s: FlowSummary, stats: TracerStats, backendName: (addr: string) => string | undefined = () => undefined, lossesByStage?: Partial<StageLosses>): string {
   const unseen = stats.flowsUnseen ?? 0;
   const lines = [`summary: ${s.flows} flows (${s.closed} closed), ${s.resets} reset${unseen ? `; ${unseen} more flows lost whole (${stats.flowsUnseenReset ?? 0} of them reset; the ring buffer was full for every record of theirs)` : ''}`];
   if (s.countedOnly) lines.push(`  ${s.countedOnly} of them counted only, over the detail budget (packets, bytes, backend, drops; no hook or device events): --detail-rate all shows every flow's path`);
@@ -128,7 +133,7 @@ export function formatSummary(s: FlowSummary, stats: TracerStats, backendName: (
   const drops = Object.entries(s.dropsByReason);
   const flowsOf = (r: string) => s.dropFlowsByReason?.[r] ?? 0;
   lines.push(drops.length ? `  drops by reason: ${drops.map(([r, n]) => `${r}=${n} packets in ${flowsOf(r)} flow${flowsOf(r) === 1 ? '' : 's'}`).join(', ')}` : '  drops: none');
-  const losses = { ...kernelLosses(stats), flow_table: flowTableLost(s) };
+  const losses = lossesByStage ?? { ...kernelLosses(stats), flow_table: flowTableLost(s) };
   const lost = totalLost(losses);
   lines.push(
     `  events: ${stats.recordsRead} kernel + ${stats.ctDestroyEvents} conntrack destroy (${stats.packetsCounted} packets counted in the kernel), lost: ${lost}` +

@@ -109,6 +109,8 @@ export type MakeSinks = (ctx: SinkContext) => Sink[] | Promise<Sink[]>;
 export interface PipelineResult {
   summary: FlowSummary;
   stats: TracerStats;
+  /** Events lost, per stage, at the end (what losses() says). */
+  losses: Partial<StageLosses>;
 }
 
 const EXPIRE_EVERY_MS = 1000;
@@ -380,9 +382,10 @@ export class Pipeline {
     if (this.delivering) this.tracer.refreshCounters();
   }
 
-  /** Events lost so far, per stage: the kernel's and the addon's counters, and the flow table's evictions. */
+  /** Events lost so far, per stage: the kernel's and the addon's counters, the flow table's evictions, and what the outputs failed on. */
   losses(): Partial<StageLosses> {
-    return { ...kernelLosses(this.stats()), flow_table: this.table.lost };
+    const kernel = kernelLosses(this.stats());
+    return { ...kernel, internal_error: kernel.internal_error + this.sinks.lostEvents, flow_table: this.table.lost };
   }
 
   /** Stops the kernel source, lets in-flight batches land, closes the sinks in order. Idempotent. */
@@ -404,6 +407,6 @@ export class Pipeline {
     const stats = this.tracer.stats();
     await this.sinks.close();
     await this.cluster?.stop();
-    return { summary: this.table.summary(), stats };
+    return { summary: this.table.summary(), stats, losses: this.losses() };
   }
 }

@@ -19,6 +19,7 @@ export interface Sink {
 /** A pipeline's sinks, called in order, each in isolation. */
 export class SinkSet {
   private readonly failures = new Map<Sink, number>();
+  private lost = 0;
 
   constructor(
     private readonly sinks: readonly Sink[],
@@ -30,6 +31,9 @@ export class SinkSet {
       try {
         s.write(items);
       } catch (e) {
+        // Which of them it wrote before it threw is its own business: none
+        // is known to be in its output.
+        this.lost += items.length;
         this.failed(s, 'write', e);
       }
     }
@@ -43,6 +47,11 @@ export class SinkSet {
         this.failed(s, 'expired', e);
       }
     }
+  }
+
+  /** Events an output failed on, once per output that failed (stage internal_error). */
+  get lostEvents(): number {
+    return this.lost;
   }
 
   /** Closes every sink in order; a failing close does not skip the next. */

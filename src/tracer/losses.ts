@@ -4,6 +4,7 @@
  * trailers). Nothing is dropped anywhere without being counted here.
  */
 import type { NativeStats } from '../native/binding';
+import type { DecodedBatch } from '../events/decode';
 
 export interface StageLosses {
   /** Records the kernel could not write: the ring buffer was full (user space behind). */
@@ -53,6 +54,13 @@ export interface StageLosses {
    * records). The object and the addon disagree: a bug, counted, never a crash.
    */
   undecodable: number;
+  /**
+   * Events a bug in svctrace lost, counted, never a crash: the records of a
+   * batch the pipeline failed on (the flow model threw), and the events an
+   * output failed on (once per output that failed). The first failure of
+   * each is reported on stderr.
+   */
+  internal_error: number;
   /** Records read but not handed to JavaScript when the tracer stopped. */
   shutdown: number;
   /** Flows removed from the flow table to stay under its cap, and counter records and events that came after their flow had left it (see flowTableLost). */
@@ -68,7 +76,9 @@ export interface StageLosses {
 }
 
 /** The kernel source's losses (the stages the addon and the kernel count). */
-export function kernelLosses(s: NativeStats & { undecodedRecords?: number }): Pick<StageLosses, 'ring_buffer' | 'flows_unseen' | 'flow_state' | 'nat_exit_unmatched' | 'hooks_missed_packets' | 'hook_runs_skipped' | 'conntrack_netlink' | 'rule_trace_netlink' | 'undecodable' | 'shutdown'> {
+export function kernelLosses(
+  s: NativeStats & { undecodedRecords?: number; unhandledRecords?: number },
+): Pick<StageLosses, 'ring_buffer' | 'flows_unseen' | 'flow_state' | 'nat_exit_unmatched' | 'hooks_missed_packets' | 'hook_runs_skipped' | 'conntrack_netlink' | 'rule_trace_netlink' | 'undecodable' | 'internal_error' | 'shutdown'> {
   return {
     ring_buffer: s.ringbufLost,
     flows_unseen: s.flowsUnseen ?? 0,
@@ -79,6 +89,7 @@ export function kernelLosses(s: NativeStats & { undecodedRecords?: number }): Pi
     conntrack_netlink: s.ctOverruns,
     rule_trace_netlink: s.ruleTraceOverruns,
     undecodable: (s.malformed ?? 0) + (s.undecodedRecords ?? 0),
+    internal_error: s.unhandledRecords ?? 0,
     shutdown: s.readerLostAtClose + s.listenerLostAtClose,
   };
 }
@@ -96,4 +107,22 @@ export function formatLosses(l: Partial<StageLosses>): string {
     .filter(([, v]) => v)
     .map(([k, v]) => `${k}=${v}`)
     .join(' ');
+}
+
+/**
+ * The batch handler as the tracer calls it: it never throws. A batch it
+ * failed on is a bug in svctrace: reported (the first failure in full, later
+ * ones counted), and all of the batch's records counted lost (some may have
+ * reached an output before the failure; none is known to have reached all).
+ */
+export function guardBatchHandler(onBatch: (b: DecodedBatch) => void, report: (e: unknown) => void, lost: (records: number) => void): (b: DecodedBatch) => void {
+  let failures = 0;
+  return (b) => {
+    try {
+      onBatch(b);
+    } catch (e) {
+      lost(b.events.length + b.stats.length);
+      if (++failures === 1) report(e);
+    }
+  };
 }

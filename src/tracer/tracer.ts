@@ -10,13 +10,18 @@ import { parseIPv4, ServiceSpec } from '../net/ipv4';
 import { loadBinding, LoadedProgram, NativeFeatures, NativeStats, NativeTracer } from '../native/binding';
 import { Channel, FLOW_STATS } from '../events/layout';
 import { ChannelMerge } from './channel-merge';
+import { guardBatchHandler } from './losses';
 import { resolveNetns } from '../netns/netns';
 import { serviceIdsOf } from '../flows/service-ids';
 import { monoNowNs } from '../clock';
 import { BACKEND_PROBE, BACKENDS, BackendChoice, BackendRequest, chooseBackend, defaultBackend } from './backend';
 
-/** decodeErrors: batches that failed to decode; undecodedRecords: the records they held (lost, stage `undecodable`). */
-export type TracerStats = NativeStats & { batchCallbacks: number; decodeErrors: number; undecodedRecords: number };
+/**
+ * decodeErrors: batches that failed to decode; undecodedRecords: the records
+ * they held (lost, stage `undecodable`). unhandledRecords: the records of
+ * batches whose handler threw (lost, stage `internal_error`).
+ */
+export type TracerStats = NativeStats & { batchCallbacks: number; decodeErrors: number; undecodedRecords: number; unhandledRecords: number };
 
 /** Tracers still open; closed on process exit so links never outlive us by accident. */
 const openTracers = new Set<Tracer>();
@@ -52,6 +57,7 @@ export class Tracer {
   private batchCallbacks = 0;
   private decodeErrors = 0;
   private undecodedRecords = 0;
+  private unhandledRecords = 0;
   private lastStats: TracerStats | null = null;
   readonly attached: AttachedNetns[] = [];
   /**
@@ -169,21 +175,16 @@ export class Tracer {
    * Starts draining the ring buffer; `onBatch` gets each native batch
    * decoded (events and flow counters), in kernel order. While it runs the
    * addon holds back: a slow handler makes records wait in the kernel's ring
-   * buffer, never dropped on the way. It must not throw (errors are
-   * reported to `onError`, default: stderr). `tap`, for benchmarks, sees
+   * buffer, never dropped on the way. It must not throw: a batch it throws
+   * on is counted lost (`unhandledRecords`) and the first such error is
+   * reported to `onError` (default: stderr). `tap`, for benchmarks, sees
    * each native batch before it is decoded (the buffer is the addon's, reused
    * after the call: a tap that keeps it copies it).
    */
   start(onBatch: (batch: DecodedBatch) => void, onError?: (e: unknown) => void, tap?: (buf: Uint8Array, channel: number) => void): void {
     const report = onError ?? ((e: unknown) => process.stderr.write(`svctrace: ${String(e)}\n`));
     this.report = report;
-    this.merge = new ChannelMerge((b) => {
-      try {
-        onBatch(b);
-      } catch (e) {
-        report(e);
-      }
-    });
+    this.merge = new ChannelMerge(guardBatchHandler(onBatch, report, (n) => (this.unhandledRecords += n)));
     try {
       this.n.start(
         tap
@@ -326,7 +327,7 @@ export class Tracer {
       if (this.lastStats) return this.lastStats;
       throw new SvctraceError('INTERNAL', 'tracer is closed');
     }
-    const s = { ...this.n.stats(), batchCallbacks: this.batchCallbacks, decodeErrors: this.decodeErrors, undecodedRecords: this.undecodedRecords };
+    const s = { ...this.n.stats(), batchCallbacks: this.batchCallbacks, decodeErrors: this.decodeErrors, undecodedRecords: this.undecodedRecords, unhandledRecords: this.unhandledRecords };
     this.lastStats = s;
     return s;
   }
@@ -347,7 +348,7 @@ export class Tracer {
     if (this.mergeTimer) clearInterval(this.mergeTimer);
     this.merge?.release(true);
     const last = this.native.close();
-    if (last) this.lastStats = { ...last, batchCallbacks: this.batchCallbacks, decodeErrors: this.decodeErrors, undecodedRecords: this.undecodedRecords };
+    if (last) this.lastStats = { ...last, batchCallbacks: this.batchCallbacks, decodeErrors: this.decodeErrors, undecodedRecords: this.undecodedRecords, unhandledRecords: this.unhandledRecords };
     this.native = null;
     openTracers.delete(this);
   }

@@ -2,7 +2,7 @@
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { ChannelMerge } from '../../src/tracer/channel-merge';
-import { formatLosses, kernelLosses, totalLost } from '../../src/tracer/losses';
+import { formatLosses, guardBatchHandler, kernelLosses, totalLost } from '../../src/tracer/losses';
 import { parseDetailRate, parseRingBuffer, parseStatsInterval } from '../../src/cli/options';
 import { SvctraceError } from '../../src/errors';
 import type { DecodedBatch } from '../../src/events/decode';
@@ -59,6 +59,33 @@ describe('losses per stage', () => {
     const l = kernelLosses({ ringbufLost: 0, flowStateFull: 0, ctOverruns: 0, ruleTraceOverruns: 0, readerLostAtClose: 0, listenerLostAtClose: 0, malformed: 2, undecodedRecords: 40 } as never);
     assert.equal(l.undecodable, 42);
     assert.equal(totalLost(l), 42);
+  });
+  it('a batch the pipeline throws on is counted lost, all its records, and reported once however often it happens; the next batches still go through', () => {
+    const reports: unknown[] = [];
+    let lost = 0;
+    const handled: string[] = [];
+    const handler = guardBatchHandler(
+      (b) => {
+        const name = (b as { name: string } & DecodedBatch).name;
+        if (name.startsWith('bad')) throw new Error(`bug on ${name}`);
+        handled.push(name);
+      },
+      (e) => reports.push(e),
+      (n) => (lost += n),
+    );
+    const withStats = { ...batch('bad1', 1n, 2n, 3n), stats: [{} as DecodedBatch['stats'][number], {} as DecodedBatch['stats'][number]] };
+    assert.doesNotThrow(() => handler(batch('ok1', 1n)));
+    assert.doesNotThrow(() => handler(withStats));
+    assert.doesNotThrow(() => handler(batch('bad2', 4n)));
+    handler(batch('ok2', 5n));
+    assert.deepEqual(handled, ['ok1', 'ok2']);
+    assert.equal(lost, 3 + 2 + 1, 'every record of the batches it threw on: events and counter records');
+    assert.equal(reports.length, 1);
+    assert.match(String(reports[0]), /bug on bad1/);
+    const l = kernelLosses({ ringbufLost: 0, flowStateFull: 0, ctOverruns: 0, ruleTraceOverruns: 0, readerLostAtClose: 0, listenerLostAtClose: 0, unhandledRecords: lost } as never);
+    assert.equal(l.internal_error, 6);
+    assert.equal(totalLost(l), 6);
+    assert.equal(formatLosses(l), 'internal_error=6');
   });
 });
 

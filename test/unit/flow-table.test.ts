@@ -166,6 +166,9 @@ describe('FlowTable', () => {
     const skipped = formatSummary(s, { recordsRead: 0, ctDestroyEvents: 0, packetsCounted: 0, ringbufLost: 0, flowStateFull: 0, ctOverruns: 0, ruleTraceOverruns: 0, readerLostAtClose: 0, listenerLostAtClose: 0, hookRunsSkipped: 5, backend: 'fentry' } as never);
     assert.match(skipped, /the kernel skipped svctrace's programs 5 times .*flows that ended have conntrack's counters/);
     assert.match(skipped, /lost: 0$/m, 'program runs are not events lost');
+    // The pipeline's own count, when given (an output that failed is in it), is the one shown.
+    const given = formatSummary(s, { recordsRead: 9, ctDestroyEvents: 0, packetsCounted: 0 } as never, undefined, { ring_buffer: 1, internal_error: 2, flow_table: 0 });
+    assert.match(given, /lost: 3 \(ring_buffer=1 internal_error=2\)$/m);
     assert.match(flowLine(f), /counted only/);
     // A detailed flow's counters never turn it into a counted-only one, and its own NAT view stays.
     const d = table();

@@ -39,6 +39,21 @@ describe('SinkSet', () => {
     assert.equal(warnings.length, 2, warnings.join('\n'));
     assert.match(warnings[0]!, /^broken output failed \(write\): disk full; the other outputs go on$/);
     assert.match(warnings[1]!, /^broken output failed 4 times in all$/);
+    // The events it failed on are lost to its output, and counted (stage internal_error); the good one's are not.
+    assert.equal(set.lostEvents, 3);
+  });
+
+  it('counts the events of every output that failed, once per output', () => {
+    const throwing = (name: string): Sink => ({
+      name,
+      write: () => {
+        throw new Error('bug');
+      },
+    });
+    const set = new SinkSet([throwing('a'), { name: 'ok', write: () => undefined }, throwing('b')], () => undefined);
+    assert.equal(set.lostEvents, 0);
+    set.write([{} as Ingested, {} as Ingested]);
+    assert.equal(set.lostEvents, 4);
   });
 
   it('closes sinks in order, awaiting each', async () => {

@@ -73,9 +73,9 @@ export function registerServe(program: Command): void {
       process.stderr.write(`svctrace: tracing ${services.map((s) => s.text).join(', ')} (backend ${pipeline.attachBackend.backend}); streaming at ${url} (dashboard: ${url.replace(/^ws/, 'http').replace('/v1/events', '/')}; Ctrl-C to stop)\n`);
       await waitForStop(duration, pipeline.allNetnsGone);
       conntrack.stop();
-      const { summary, stats } = await pipeline.stop();
+      const { summary, stats, losses } = await pipeline.stop();
       memory.stop();
-      process.stderr.write(formatSummary(summary, stats, pipeline.backendName) + '\n' + `  ${memory.describe()}\n`);
+      process.stderr.write(formatSummary(summary, stats, pipeline.backendName, losses) + '\n' + `  ${memory.describe()}\n`);
       pipeline.throwIfNetnsGone();
     });
 }

@@ -49,8 +49,8 @@ export function registerTrace(program: Command): void {
       });
       process.stderr.write(`svctrace: tracing ${services.map((s) => s.text).join(', ')} (backend ${pipeline.attachBackend.reason}); Ctrl-C to stop\n`);
       await waitForStop(duration, pipeline.allNetnsGone);
-      const { summary, stats } = await pipeline.stop();
-      process.stderr.write(formatSummary(summary, stats, pipeline.backendName) + '\n');
+      const { summary, stats, losses } = await pipeline.stop();
+      process.stderr.write(formatSummary(summary, stats, pipeline.backendName, losses) + '\n');
       pipeline.throwIfNetnsGone();
     });
 }
