@@ -42,7 +42,8 @@ export function rulesFor(iptablesSave: string, address: string): string[] {
   return out;
 }
 
-export function inspect(path: string): { text: string; recording: Recording } {
+/** Summarizes the recording at `path`; `name` is what the text calls it (default: path). */
+export function inspect(path: string, name = path): { text: string; recording: Recording } {
   const flows = new Map<string, FlowSeen>();
   const rec = readRecording(path, (events) => {
     for (const e of events) {
@@ -62,7 +63,7 @@ export function inspect(path: string): { text: string; recording: Recording } {
   });
   const out: string[] = [];
   const h = rec.header;
-  out.push(`recording ${path}`);
+  out.push(`recording ${name}`);
   if (h) {
     out.push(`  recorded by svctrace ${h.toolVersion} on ${h.node} (kernel ${h.kernel}) at ${h.startedAt}`);
     if (h.attachBackend) out.push(`  attach backend ${h.attachBackend}`);

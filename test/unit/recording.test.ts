@@ -14,6 +14,7 @@ import protobuf from 'protobufjs/minimal';
 import Long from 'long';
 import { ChunkType, ChunkWriter, CHUNK_HEADER_BYTES, HASH_BYTES, MAGIC } from '../../src/record/format';
 import { readRecording } from '../../src/record/reader';
+import { openRecordingInput } from '../../src/record/spool';
 import { replay } from '../../src/record/replay';
 import { keyId, signChainHead } from '../../src/record/signing';
 import { svctrace } from '../../src/gen/svctrace';
@@ -145,6 +146,39 @@ describe('recordings', () => {
     assert.equal(await done, 0);
     assert.deepEqual(fs.readFileSync(out), fs.readFileSync(good));
     assert.doesNotThrow(() => makeRecording('/dev/null'));
+  });
+
+  it('read from a pipe or a FIFO: copied to a temporary file first, read as the file would be, the copy removed after', async () => {
+    // A pipe: what `record -o /dev/stdout | svctrace verify /dev/stdin` gives.
+    const v = spawnSync(process.execPath, [CLI, 'verify', '/dev/stdin'], { input: fs.readFileSync(good), encoding: 'utf8' });
+    assert.equal(v.status, 0, v.stdout + v.stderr);
+    assert.match(v.stdout, /^\/dev\/stdin: \d+ chunks, 30 events/);
+    assert.match(v.stdout, /OK: complete, the hash chain is intact/);
+    assert.match(v.stderr, /\/dev\/stdin is a stream: read in full first \([\d.]+ KiB, in a temporary file removed after\)/);
+    const i = spawnSync(process.execPath, [CLI, 'inspect', '/dev/stdin'], { input: fs.readFileSync(good), encoding: 'utf8' });
+    assert.equal(i.status, 0, i.stderr);
+    assert.match(i.stdout, /^recording \/dev\/stdin$/m);
+    // A FIFO, through the module: its bytes, and nothing left in the temporary directory.
+    const fifo = path.join(dir, 'in-pipe');
+    const tmp = fs.mkdtempSync(path.join(dir, 'tmp-'));
+    assert.equal(spawnSync('mkfifo', [fifo]).status, 0);
+    const { spawn } = await import('node:child_process');
+    const cat = spawn('sh', ['-c', 'exec cat "$1" > "$2"', 'sh', good, fifo], { stdio: 'ignore' });
+    const input = openRecordingInput(fifo, tmp); // blocks in open until cat opens the other end
+    assert.equal(input.spooledBytes, fs.statSync(good).size);
+    assert.notEqual(input.file, fifo);
+    assert.deepEqual(fs.readFileSync(input.file), fs.readFileSync(good));
+    assert.deepEqual(readRecording(input.file).problems, []);
+    input.done();
+    input.done();
+    assert.deepEqual(fs.readdirSync(tmp), []);
+    await new Promise((r) => cat.on('exit', r));
+    // A regular file is read where it is; a directory is refused.
+    const plain = openRecordingInput(good, tmp);
+    assert.equal(plain.file, good);
+    assert.equal(plain.spooledBytes, undefined);
+    assert.throws(() => openRecordingInput(dir, tmp), /is not a file/);
+    assert.throws(() => openRecordingInput(path.join(dir, 'missing.svtr'), tmp), /cannot read .*missing\.svtr: ENOENT/);
   });
 
   it('an intact recording verifies and replays every event', async () => {

@@ -5,9 +5,10 @@ import { stdoutClosed, waitForStop } from '../../pipeline/lifecycle';
 import { record } from '../../record/recorder';
 import { chainHeadSignatureOk, keyId, readSigningKey, readVerifyKey } from '../../record/signing';
 import { readRecording, Recording } from '../../record/reader';
-import { parseSpeed, replay } from '../../record/replay';
+import { parseSpeed, replay, type Speed } from '../../record/replay';
 import { exportJson, exportPcapng, openOutput, writeAll } from '../../record/export';
 import { inspect } from '../../record/inspect';
+import { openRecordingInput } from '../../record/spool';
 import { eventToJson } from '../../flows/to-proto';
 import { eventLine } from '../../output/event-line';
 import { DEFAULT_LISTEN, StreamServer } from '../../stream/server';
@@ -17,19 +18,18 @@ import { addSelectionOptions, collect, parseDuration, readToken, SelectionOption
 import fs from 'node:fs';
 import path from 'node:path';
 
-function requireFile(path: string): void {
-  let st: fs.Stats;
+/**
+ * The recording `file` names, for the readers: a regular file as it is, a
+ * stream (`/dev/stdin` from a pipe, a FIFO) copied to a temporary file
+ * first. `use` gets the file to read; the copy is removed after.
+ */
+async function withRecording<T>(file: string, use: (readable: string) => T | Promise<T>): Promise<T> {
+  const input = openRecordingInput(file);
+  if (input.spooledBytes !== undefined) process.stderr.write(`svctrace: ${file} is a stream: read in full first (${humanBytes(input.spooledBytes)}, in a temporary file removed after)\n`);
   try {
-    st = fs.statSync(path);
-  } catch (e) {
-    throw new SvctraceError('BAD_INPUT', `cannot read ${path}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
-  }
-  if (!st.isFile()) throw new SvctraceError('BAD_INPUT', `${path} is not a file`);
-  // Unreadable is not "altered" (verify's exit 1): say so, with its own code.
-  try {
-    fs.accessSync(path, fs.constants.R_OK);
-  } catch (e) {
-    throw new SvctraceError('NOT_PERMITTED', `cannot read ${path}: ${(e as NodeJS.ErrnoException).code === 'EACCES' ? 'permission denied' : (e as Error).message}`);
+    return await use(input.file);
+  } finally {
+    input.done();
   }
 }
 
@@ -96,10 +96,9 @@ export function registerEvidence(program: Command): void {
     .argument('<file>')
     .option('--strict', 'also fail (exit 1) when the recording was cut short')
     .option('--pubkey <file>', 'Ed25519 public key (PEM) the recording must be signed with (record --sign-key): exit 1 unless it is')
-    .action((file: string, opts: { strict?: boolean; pubkey?: string }) => {
-      requireFile(file);
+    .action(async (file: string, opts: { strict?: boolean; pubkey?: string }) => {
       const key = opts.pubkey ? readVerifyKey(opts.pubkey) : undefined;
-      const rec = readRecording(file);
+      const rec = await withRecording(file, readRecording);
       const corrupt = rec.problems.filter((p) => p.corrupt);
       const cut = rec.problems.filter((p) => !p.corrupt);
       const lines = [`${file}: ${rec.chunks} chunks, ${rec.eventCount} events, ${rec.validBytes} of ${rec.size} bytes intact`];
@@ -140,36 +139,7 @@ export function registerEvidence(program: Command): void {
     .action(async (file: string, opts: { output: string; speed: string; serve?: boolean; listen: string; token?: string; tokenFile?: string; allowHost: string[] }) => {
       if (opts.output !== 'text' && opts.output !== 'json') throw new SvctraceError('BAD_INPUT', `--output must be text or json, not '${opts.output}'`);
       const speed = parseSpeed(opts.speed);
-      requireFile(file);
-      const head = readRecording(file);
-      if (!head.header) throw new SvctraceError('BAD_INPUT', `${file}: ${head.problems[0]?.message ?? 'not a recording'}`);
-      if (!opts.serve) {
-        const rec = await replay(
-          file,
-          speed,
-          (events) => {
-            if (!stdoutClosed()) process.stdout.write(events.map((e) => (opts.output === 'json' ? eventToJson(e) : eventLine(e))).join('\n') + '\n');
-          },
-          stdoutClosed,
-        );
-        reportProblems(rec);
-        return;
-      }
-      const server = await StreamServer.start(
-        { services: head.header.services, replay: true, kernelLost: () => Number(head.trailer?.kernelLost ?? 0), activeFlows: () => 0, dropsByReason: () => ({}) },
-        { listen: opts.listen, token: readToken(opts), allowHosts: opts.allowHost, staticHandler: dashboardHandler() },
-      );
-      process.stderr.write(`svctrace: replaying ${file} at ${server.url()} when a client connects (Ctrl-C to stop)\n`);
-      let stop = false;
-      const stopped = waitForStop(undefined).then(() => (stop = true));
-      while (!stop && server.hub.clientCount === 0) await new Promise((r) => setTimeout(r, 100));
-      if (!stop) {
-        const rec = await replay(file, speed, (events) => server.publish(events), () => stop);
-        reportProblems(rec);
-        process.stderr.write('svctrace: replay done; still serving (Ctrl-C to stop)\n');
-        await stopped;
-      }
-      await server.close();
+      await withRecording(file, (readable) => replayFile(file, readable, speed, opts));
     });
 
   program
@@ -179,8 +149,7 @@ export function registerEvidence(program: Command): void {
     .option('--pcapng <out>', 'write captured packets as pcapng, one interface per namespace and device/hook, with comments')
     .option('--json [out]', 'write header, snapshot, events and trailer as JSON lines')
     .option('--force', 'overwrite the output')
-    .action((file: string, opts: { pcapng?: string; json?: string | boolean; force?: boolean }) => {
-      requireFile(file);
+    .action(async (file: string, opts: ExportOptions) => {
       if (!opts.pcapng && !opts.json) throw new SvctraceError('BAD_INPUT', 'give --pcapng OUT or --json [OUT]');
       const outs = [opts.pcapng, typeof opts.json === 'string' ? opts.json : undefined].filter((o): o is string => !!o);
       for (const out of outs) {
@@ -189,32 +158,15 @@ export function registerEvidence(program: Command): void {
         if (fs.existsSync(out) && !opts.force) throw new SvctraceError('BAD_INPUT', `${out} exists (use --force to overwrite)`);
       }
       if (outs.length === 2 && sameFile(outs[0]!, outs[1]!)) throw new SvctraceError('BAD_INPUT', '--pcapng and --json name the same file');
-      if (opts.pcapng) {
-        const r = exportPcapng(file, opts.pcapng);
-        reportProblems(r.recording);
-        process.stderr.write(`svctrace: ${opts.pcapng}: ${r.packets} packets on ${r.interfaces} interfaces\n`);
-      }
-      if (opts.json) {
-        const out = typeof opts.json === 'string' ? opts.json : undefined;
-        const fd = out ? openOutput(out) : undefined;
-        let rec;
-        try {
-          rec = exportJson(file, (line) => (fd !== undefined ? writeAll(fd, out!, Buffer.from(line + '\n')) : stdoutClosed() || process.stdout.write(line + '\n')));
-        } finally {
-          if (fd !== undefined) fs.closeSync(fd);
-        }
-        if (!rec.header) throw new SvctraceError('BAD_INPUT', `${file}: ${rec.problems[0]?.message ?? 'not a recording'}`);
-        reportProblems(rec);
-      }
+      await withRecording(file, (readable) => exportFile(file, readable, opts));
     });
 
   program
     .command('inspect')
     .description('summarize a recording: services, flows, backends, drops, and the rules snapshot for each ClusterIP')
     .argument('<file>')
-    .action((file: string) => {
-      requireFile(file);
-      const { text, recording } = inspect(file);
+    .action(async (file: string) => {
+      const { text, recording } = await withRecording(file, (readable) => inspect(readable, file));
       process.stdout.write(text + '\n');
       if (!recording.header) process.exitCode = 1;
     });
@@ -228,5 +180,74 @@ function sameFile(a: string, b: string): boolean {
     return sa.dev === sb.dev && sa.ino === sb.ino;
   } catch {
     return path.resolve(a) === path.resolve(b);
+  }
+}
+
+interface ReplayOptions {
+  output: string;
+  serve?: boolean;
+  listen: string;
+  token?: string;
+  tokenFile?: string;
+  allowHost: string[];
+}
+
+/** replay's work: `readable` is the file to read, `file` the name the user gave. */
+async function replayFile(file: string, readable: string, speed: Speed, opts: ReplayOptions): Promise<void> {
+  const head = readRecording(readable);
+  if (!head.header) throw new SvctraceError('BAD_INPUT', `${file}: ${head.problems[0]?.message ?? 'not a recording'}`);
+  if (!opts.serve) {
+    const rec = await replay(
+      readable,
+      speed,
+      (events) => {
+        if (!stdoutClosed()) process.stdout.write(events.map((e) => (opts.output === 'json' ? eventToJson(e) : eventLine(e))).join('\n') + '\n');
+      },
+      stdoutClosed,
+    );
+    reportProblems(rec);
+    return;
+  }
+  const server = await StreamServer.start(
+    { services: head.header.services, replay: true, kernelLost: () => Number(head.trailer?.kernelLost ?? 0), activeFlows: () => 0, dropsByReason: () => ({}) },
+    { listen: opts.listen, token: readToken(opts), allowHosts: opts.allowHost, staticHandler: dashboardHandler() },
+  );
+  process.stderr.write(`svctrace: replaying ${file} at ${server.url()} when a client connects (Ctrl-C to stop)\n`);
+  let stop = false;
+  const stopped = waitForStop(undefined).then(() => (stop = true));
+  while (!stop && server.hub.clientCount === 0) await new Promise((r) => setTimeout(r, 100));
+  if (!stop) {
+    const rec = await replay(readable, speed, (events) => server.publish(events), () => stop);
+    reportProblems(rec);
+    process.stderr.write('svctrace: replay done; still serving (Ctrl-C to stop)\n');
+    await stopped;
+  }
+  await server.close();
+}
+
+interface ExportOptions {
+  pcapng?: string;
+  json?: string | boolean;
+  force?: boolean;
+}
+
+/** export's work, once the outputs are checked: `readable` is the file to read, `file` the name the user gave. */
+function exportFile(file: string, readable: string, opts: ExportOptions): void {
+  if (opts.pcapng) {
+    const r = exportPcapng(readable, opts.pcapng);
+    reportProblems(r.recording);
+    process.stderr.write(`svctrace: ${opts.pcapng}: ${r.packets} packets on ${r.interfaces} interfaces\n`);
+  }
+  if (opts.json) {
+    const out = typeof opts.json === 'string' ? opts.json : undefined;
+    const fd = out ? openOutput(out) : undefined;
+    let rec;
+    try {
+      rec = exportJson(readable, (line) => (fd !== undefined ? writeAll(fd, out!, Buffer.from(line + '\n')) : stdoutClosed() || process.stdout.write(line + '\n')));
+    } finally {
+      if (fd !== undefined) fs.closeSync(fd);
+    }
+    if (!rec.header) throw new SvctraceError('BAD_INPUT', `${file}: ${rec.problems[0]?.message ?? 'not a recording'}`);
+    reportProblems(rec);
   }
 }

@@ -1,0 +1,106 @@
+/**
+ * A recording to read, from a regular file or from a stream (a pipe, a
+ * FIFO, a terminal or socket: `svctrace record -o /dev/stdout | svctrace
+ * verify /dev/stdin`). The reader checks a recording against its size and
+ * reads its chunks by offset, which a stream cannot give: a stream is first
+ * copied to a temporary file (disk, not memory: a recording may be larger
+ * than svctrace's heap), read from there, and removed after.
+ */
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { SvctraceError } from '../errors';
+
+export interface RecordingInput {
+  /** The file the readers open: the path given, or the stream's copy. */
+  file: string;
+  /** Bytes copied from a stream (undefined: a regular file, read where it is). */
+  spooledBytes?: number;
+  /** Removes the copy (nothing for a regular file). Idempotent. */
+  done(): void;
+}
+
+const COPY_BYTES = 1 << 20;
+
+function cannotRead(p: string, e: unknown): SvctraceError {
+  const code = (e as NodeJS.ErrnoException).code;
+  if (code === 'EACCES' || code === 'EPERM') return new SvctraceError('NOT_PERMITTED', `cannot read ${p}: permission denied`);
+  return new SvctraceError('BAD_INPUT', `cannot read ${p}: ${code ?? (e as Error).message}`);
+}
+
+/**
+ * Opens `p` for the recording readers. A directory or anything else that
+ * is neither a file nor a stream is refused (BAD_INPUT); unreadable is
+ * NOT_PERMITTED, not "damaged" (verify's exit 1). `tmpDir`: where a stream's
+ * copy goes (default: the system's).
+ */
+export function openRecordingInput(p: string, tmpDir = os.tmpdir()): RecordingInput {
+  let st: fs.Stats;
+  try {
+    st = fs.statSync(p);
+  } catch (e) {
+    throw cannotRead(p, e);
+  }
+  const stream = st.isFIFO() || st.isCharacterDevice() || st.isSocket();
+  if (!st.isFile() && !stream) throw new SvctraceError('BAD_INPUT', `${p} is not a file`);
+  let fd: number;
+  try {
+    fd = fs.openSync(p, 'r');
+  } catch (e) {
+    throw cannotRead(p, e);
+  }
+  if (!stream) {
+    fs.closeSync(fd);
+    return { file: p, done: () => undefined };
+  }
+  let dir: string | undefined;
+  try {
+    dir = fs.mkdtempSync(path.join(tmpDir, 'svctrace-recording-'));
+    const file = path.join(dir, 'recording.svtr');
+    const total = copyStream(fd, p, file);
+    const copy = dir;
+    let removed = false;
+    const done = (): void => {
+      if (removed) return;
+      removed = true;
+      process.removeListener('exit', done);
+      fs.rmSync(copy, { recursive: true, force: true });
+    };
+    // Removed however the command ends (an error, Ctrl-C during a replay).
+    process.once('exit', done);
+    return { file, spooledBytes: total, done };
+  } catch (e) {
+    if (dir) fs.rmSync(dir, { recursive: true, force: true });
+    if (e instanceof SvctraceError) throw e;
+    throw new SvctraceError('BAD_INPUT', `cannot copy ${p} to a temporary file to read it (${tmpDir}): ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
+/** Copies the stream `fd` (named `p`) to a new file; returns the bytes copied. */
+function copyStream(fd: number, p: string, file: string): number {
+  const out = fs.openSync(file, 'wx', 0o600);
+  const buf = Buffer.allocUnsafe(COPY_BYTES);
+  let total = 0;
+  try {
+    for (;;) {
+      let n: number;
+      try {
+        n = fs.readSync(fd, buf, 0, buf.length, null);
+      } catch (e) {
+        // A non-blocking stream (a terminal, a pipe a shell made so) says so instead of waiting.
+        if ((e as NodeJS.ErrnoException).code === 'EAGAIN') {
+          Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 10);
+          continue;
+        }
+        throw cannotRead(p, e);
+      }
+      if (n === 0) return total;
+      for (let at = 0; at < n; ) at += fs.writeSync(out, buf, at, n - at);
+      total += n;
+    }
+  } finally {
+    fs.closeSync(out);
+  }
+}
