@@ -36,12 +36,12 @@ export class FlowTable implements FlowTableView {
   /** Flows by their packets as the backend receives them (after DNAT and SNAT): traces from a pod's namespace find their flow here. */
   private readonly byBackendTuple = new Map<string, Flow>();
   private nextId = 1;
-  private readonly opts: Required<Omit<FlowTableOptions, 'netnsName' | 'dropReasons' | 'deliveredThrough' | 'dropLocations'>> &
-    Pick<FlowTableOptions, 'netnsName' | 'deliveredThrough' | 'dropLocations'>;
+  private readonly opts: Required<Omit<FlowTableOptions, 'netnsName' | 'dropReasons' | 'deliveredThrough' | 'dropLocations' | 'nodeNetnsIno'>> &
+    Pick<FlowTableOptions, 'netnsName' | 'deliveredThrough' | 'dropLocations' | 'nodeNetnsIno'>;
   /** deliveredThrough, read at most once per ingested batch. */
   private deliveredThroughNow?: bigint;
   private readonly dropReasons: Record<string, string>;
-  private readonly summaryCounters: FlowSummary = { flows: 0, closed: 0, perBackend: {}, dropsByReason: {}, dropFlowsByReason: {}, resets: 0, evicted: 0, lateCounters: 0, orphanEvents: 0, countedOnly: 0 };
+  private readonly summaryCounters: FlowSummary = { flows: 0, closed: 0, perBackend: {}, dropsByReason: {}, dropFlowsByReason: {}, resets: 0, evicted: 0, lateCounters: 0, orphanEvents: 0, ruleTracesNotKept: 0, countedOnly: 0 };
   /** Rule traces that were waiting for a flow, emitted right after its first event. */
   private readonly deferred: Ingested[] = [];
   /** Flows of entries older than the one at their address, made from their late records (see olderEntryFlow). */
@@ -60,6 +60,7 @@ export class FlowTable implements FlowTableView {
       maxFlows: opts.maxFlows ?? 20_000,
       deliveredThrough: opts.deliveredThrough,
       dropLocations: opts.dropLocations,
+      nodeNetnsIno: opts.nodeNetnsIno,
     };
     this.dropReasons = opts.dropReasons ?? {};
   }
@@ -331,24 +332,39 @@ export class FlowTable implements FlowTableView {
           if (r) out.push(r);
           continue;
         }
-        // One packet's traces wait (its path is the flow's): a later packet
-        // of the same tuple (a retransmitted SYN, or a new connection reusing
-        // the ports of one whose events were lost) takes the place.
-        const p = this.pendingTraces.get(key);
-        if (p && p.traces[0]!.traceId === first.traceId) p.traces.push(...group);
-        else if (p || this.pendingTraces.size < 10_000) {
-          // Inserted anew, at the end: the map stays in arrival order (expireOldest).
-          if (p) this.pendingTraces.delete(key);
-          this.pendingTraces.set(key, { at: nowMs, tsNs: first.tsNs, traces: group });
+        const dropped = !!rulePathOf(group)?.droppedBy;
+        const node = this.opts.nodeNetnsIno?.();
+        // Traced in a pod's namespace (another traced one): only a drop is
+        // news there, and waits below, by the backend's key; the path of a
+        // packet that went through is not (most of a pod's traffic).
+        const atNode = node === undefined || first.netnsIno === node;
+        let kept = false;
+        if (atNode) {
+          // One packet's traces wait (its path is the flow's): a later packet
+          // of the same tuple (a retransmitted SYN, or a new connection reusing
+          // the ports of one whose events were lost) takes the place.
+          const p = this.pendingTraces.get(key);
+          if (p && p.traces[0]!.traceId === first.traceId) p.traces.push(...group);
+          else if (p || this.pendingTraces.size < PENDING_TRACE_GROUPS_MAX) {
+            // Inserted anew, at the end: the map stays in arrival order (expireOldest).
+            if (p) this.pendingTraces.delete(key);
+            this.pendingTraces.set(key, { at: nowMs, tsNs: first.tsNs, traces: group });
+          }
+          kept = this.pendingTraces.has(key);
         }
         // Or it was traced where the backend receives it, before its flow's
-        // DNAT reached us: only a drop is news there, so only a group with a
-        // drop verdict waits (parking every group held tens of MB in a storm).
-        if (this.pendingBackendTraces.size < 10_000 && rulePathOf(group)?.droppedBy) {
+        // DNAT reached us: only a group with a drop verdict waits (parking
+        // every group held tens of MB in a storm).
+        if (dropped) {
           const backendKey = tupleKey(first.pkt);
-          this.pendingBackendTraces.delete(backendKey); // anew, at the end (expireOldest)
-          this.pendingBackendTraces.set(backendKey, { at: nowMs, tsNs: first.tsNs, traces: group });
+          const had = this.pendingBackendTraces.delete(backendKey); // anew, at the end (expireOldest)
+          if (had || this.pendingBackendTraces.size < PENDING_TRACE_GROUPS_MAX) {
+            this.pendingBackendTraces.set(backendKey, { at: nowMs, tsNs: first.tsNs, traces: group });
+            kept = true;
+          }
         }
+        // News (a node's path, a drop anywhere) with no room to wait: lost, counted.
+        if (!kept && (atNode || dropped)) this.summaryCounters.ruleTracesNotKept++;
         continue;
       }
       const r = this.attachRuleTrace(f, group, nowMs);
@@ -835,6 +851,8 @@ function olderEntryKey(ctKey: number, birth: number): string {
 }
 
 const PENDING_TRACE_BACKSTOP_MS = 60_000;
+/** Rule-trace groups waiting for their flow, at most, per key kind: the ring's backlog of marked connections is far less (100 per second per Service). */
+const PENDING_TRACE_GROUPS_MAX = 10_000;
 const PENDING_TRACE_DELIVERED_NS = 1_000_000_000n;
 /** How long a flow's first traced packet waits for the rest of its trace (read in the next batch of the same socket). */
 const SPLIT_TRACE_MAX_MS = 5000;

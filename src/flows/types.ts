@@ -113,6 +113,12 @@ export interface FlowTableOptions {
    * last record from netlink can overtake the flow's events in the ring.
    */
   deliveredThrough?: () => bigint;
+  /**
+   * The node's namespace (the first traced; undefined until attached): its
+   * rule traces are the Service's path. Another traced namespace is a
+   * pod's, where only a rule that dropped the packet is news.
+   */
+  nodeNetnsIno?: () => number | undefined;
 }
 
 export interface FlowSummary {
@@ -141,6 +147,12 @@ export interface FlowSummary {
    * counted: the flow went to the sinks already.
    */
   orphanEvents: number;
+  /**
+   * Rule-trace groups (each one RULE_TRACE event once its flow comes) that
+   * came before their flow and found no room to wait (10,000 wait at most):
+   * counted as lost (stage flow_table).
+   */
+  ruleTracesNotKept: number;
   /** Flows seen that were counted only (over the detail budget, --detail-rate): in `flows` too. */
   countedOnly: number;
 }
@@ -153,6 +165,6 @@ export interface FlowTableView {
 }
 
 /** What a flow table lost (the flow_table stage): flows evicted by its cap, and records that came when their flow was no longer there. */
-export function flowTableLost(s: Pick<FlowSummary, 'evicted' | 'lateCounters' | 'orphanEvents'>): number {
-  return s.evicted + (s.lateCounters ?? 0) + (s.orphanEvents ?? 0);
+export function flowTableLost(s: Pick<FlowSummary, 'evicted' | 'lateCounters' | 'orphanEvents' | 'ruleTracesNotKept'>): number {
+  return s.evicted + (s.lateCounters ?? 0) + (s.orphanEvents ?? 0) + (s.ruleTracesNotKept ?? 0);
 }

@@ -192,6 +192,8 @@ export class Pipeline {
         closeGraceMs: opts.closeGraceMs,
         maxFlows: opts.maxFlows,
         deliveredThrough: () => tracer!.deliveredThrough(),
+        // The first namespace is the node's (RulePaths marks the Services there, the backends elsewhere).
+        nodeNetnsIno: () => tracer!.attached[0]?.netnsIno,
       });
       p = new Pipeline(tracer, table, names, opts.services, netns, discovery, cluster, warn);
       p.detailRate = opts.allPackets ? 0 : (opts.detailRate ?? DEFAULT_DETAIL_RATE);

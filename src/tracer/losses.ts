@@ -63,7 +63,7 @@ export interface StageLosses {
   internal_error: number;
   /** Records read but not handed to JavaScript when the tracer stopped. */
   shutdown: number;
-  /** Flows removed from the flow table to stay under its cap, and counter records and events that came after their flow had left it (see flowTableLost). */
+  /** Flows removed from the flow table to stay under its cap, counter records and events that came after their flow had left it, and rule traces with no room to wait for their flow (see flowTableLost). */
   flow_table: number;
   /**
    * Events a streaming client missed: dropped from its queue because it read

@@ -588,6 +588,29 @@ describe('FlowTable', () => {
       assert.deepEqual(pathOf(t), ['OUTPUT', 'KUBE-SERVICES']);
     });
 
+    it("in a pod's namespace only a drop waits; news with no room to wait is counted lost (flow_table)", () => {
+      const t = new FlowTable({ services: [parseServiceSpec('10.96.0.100:80')], nodeNetnsIno: () => 111 });
+      const inPod = (id: number, sport: number, verdict = 1): RuleTrace => ({ ...trace(id, 'INPUT'), table: 'filter', netnsIno: 222, verdict, pkt: { ...dnated, sport } });
+      // A pod's packet that went through: not news, not kept, not lost.
+      t.ingestRuleTraces([inPod(1, 50000)]);
+      assert.equal(t.pendingTraceGroups, 0);
+      // One its firewall dropped: waits for its flow, by the backend's key.
+      t.ingestRuleTraces([inPod(2, 50001, 0)]);
+      assert.equal(t.pendingTraceGroups, 1);
+      // The node's groups wait, up to 10,000; the next one is lost, counted.
+      const atNode = (id: number): RuleTrace => ({ ...trace(id, 'KUBE-SERVICES'), pkt: { ...orig, sport: 1024 + id } });
+      for (let id = 10; id < 10_010; id++) t.ingestRuleTraces([atNode(id)]);
+      assert.equal(t.pendingTraceGroups, 10_001);
+      assert.equal(t.lost, 0);
+      t.ingestRuleTraces([atNode(20_000)]);
+      assert.equal(t.summary().ruleTracesNotKept, 1);
+      assert.equal(t.lost, 1, 'in the flow_table stage');
+      // A pod's passing packet still is not news; more of a waiting packet's trace joins its group.
+      t.ingestRuleTraces([inPod(3, 50002), atNode(11)]);
+      assert.equal(t.lost, 1);
+      assert.equal(t.pendingTraceGroups, 10_001);
+    });
+
     it('stop waiting once the ring has delivered a second past them, or after a minute', () => {
       const t = table();
       const now = Date.now();
