@@ -35,23 +35,33 @@ function cannotRead(p: string, e: unknown): SvctraceError {
  * copy goes (default: the system's).
  */
 export function openRecordingInput(p: string, tmpDir = os.tmpdir()): RecordingInput {
+  // One of this process's own descriptors ('-' and /dev/stdin: 0) is read
+  // as it is: opened again by path, a socket (what a parent process often
+  // hands as stdin) fails with ENXIO.
+  const ownFd = ownDescriptor(p);
   let st: fs.Stats;
   try {
-    st = fs.statSync(p);
+    st = ownFd === undefined ? fs.statSync(p) : fs.fstatSync(ownFd);
   } catch (e) {
     throw cannotRead(p, e);
   }
   const stream = st.isFIFO() || st.isCharacterDevice() || st.isSocket();
   if (!st.isFile() && !stream) throw new SvctraceError('BAD_INPUT', `${p} is not a file`);
+  if (!stream) {
+    // A regular file (stdin redirected from one too) is read where it is.
+    const file = ownFd === undefined ? p : `/proc/self/fd/${ownFd}`;
+    try {
+      fs.accessSync(file, fs.constants.R_OK);
+    } catch (e) {
+      throw cannotRead(p, e);
+    }
+    return { file, done: () => undefined };
+  }
   let fd: number;
   try {
-    fd = fs.openSync(p, 'r');
+    fd = ownFd ?? fs.openSync(p, 'r');
   } catch (e) {
     throw cannotRead(p, e);
-  }
-  if (!stream) {
-    fs.closeSync(fd);
-    return { file: p, done: () => undefined };
   }
   let dir: string | undefined;
   try {
@@ -74,8 +84,15 @@ export function openRecordingInput(p: string, tmpDir = os.tmpdir()): RecordingIn
     if (e instanceof SvctraceError) throw e;
     throw new SvctraceError('BAD_INPUT', `cannot copy ${p} to a temporary file to read it (${tmpDir}): ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
   } finally {
-    fs.closeSync(fd);
+    if (ownFd === undefined) fs.closeSync(fd);
   }
+}
+
+/** The descriptor `p` names among this process's own ('-', /dev/stdin, /dev/fd/N, /proc/self/fd/N), if it does. */
+function ownDescriptor(p: string): number | undefined {
+  if (p === '-' || p === '/dev/stdin') return 0;
+  const m = /^\/(?:dev|proc\/self)\/fd\/(\d+)$/.exec(p);
+  return m ? Number(m[1]) : undefined;
 }
 
 /** Copies the stream `fd` (named `p`) to a new file; returns the bytes copied. */

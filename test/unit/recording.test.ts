@@ -155,6 +155,14 @@ describe('recordings', () => {
     assert.match(v.stdout, /^\/dev\/stdin: \d+ chunks, 30 events/);
     assert.match(v.stdout, /OK: complete, the hash chain is intact/);
     assert.match(v.stderr, /\/dev\/stdin is a stream: read in full first \([\d.]+ KiB, in a temporary file removed after\)/);
+    // '-' is stdin too; stdin redirected from a file is read where it is, not copied.
+    const dash = spawnSync(process.execPath, [CLI, 'verify', '-'], { input: fs.readFileSync(good), encoding: 'utf8' });
+    assert.equal(dash.status, 0, dash.stdout + dash.stderr);
+    const fd = fs.openSync(good, 'r');
+    const redirected = spawnSync(process.execPath, [CLI, 'verify', '/dev/stdin'], { stdio: [fd, 'pipe', 'pipe'], encoding: 'utf8' });
+    fs.closeSync(fd);
+    assert.equal(redirected.status, 0, redirected.stdout + redirected.stderr);
+    assert.doesNotMatch(redirected.stderr, /is a stream/);
     const i = spawnSync(process.execPath, [CLI, 'inspect', '/dev/stdin'], { input: fs.readFileSync(good), encoding: 'utf8' });
     assert.equal(i.status, 0, i.stderr);
     assert.match(i.stdout, /^recording \/dev\/stdin$/m);
