@@ -1,5 +1,9 @@
-/** Start-up: from launching `svctrace trace` to its hooks being attached (it says so on stderr). */
-import { spawn } from 'node:child_process';
+/**
+ * Start-up: from launching `svctrace trace` to its hooks being attached (it
+ * says so on stderr); and the one pause a trace takes later, at its first
+ * drop: reading the kernel's symbol table to name where the packet was freed.
+ */
+import { execFileSync, spawn } from 'node:child_process';
 import path from 'node:path';
 import { Lab } from '../src/lab/lab';
 import { Tracer } from '../src/tracer/tracer';
@@ -25,12 +29,35 @@ function cliStartup(netns: string): Promise<number> {
   });
 }
 
+const KALLSYMS = path.resolve(__dirname, '..', 'src', 'events', 'kallsyms.js');
+
+/**
+ * The JS thread's pause at a trace's first drop (DropLocations' one load of
+ * /proc/kallsyms), in a fresh process as in a trace: nothing compiled yet.
+ * Read (the kernel writes the file as it is read) and parse, in ms.
+ */
+function firstDropPause(): { readMs: number; parseMs: number } {
+  const script = `
+    const fs = require('node:fs');
+    const { KernelSymbols } = require(${JSON.stringify(KALLSYMS)});
+    const t0 = process.hrtime.bigint();
+    const text = fs.readFileSync('/proc/kallsyms', 'latin1');
+    const t1 = process.hrtime.bigint();
+    const n = KernelSymbols.parse(text).size;
+    const t2 = process.hrtime.bigint();
+    if (!n) throw new Error('no kernel symbols read (kptr_restrict?)');
+    process.stdout.write(JSON.stringify({ readMs: Number(t1 - t0) / 1e6, parseMs: Number(t2 - t1) / 1e6 }));`;
+  return JSON.parse(execFileSync(process.execPath, ['-e', script], { encoding: 'utf8', timeout: 60_000 })) as { readMs: number; parseMs: number };
+}
+
 export async function benchStartup(opts: { quick: boolean }): Promise<object> {
   const n = opts.quick ? 3 : 7;
   const lab = await Lab.up({ pods: 1 });
   const cli: number[] = [];
   const load: number[] = [];
   const attach: number[] = [];
+  const symbolsRead: number[] = [];
+  const symbolsParse: number[] = [];
   try {
     for (let i = 0; i < n; i++) {
       cli.push(await cliStartup(lab.nodeNetns));
@@ -43,6 +70,9 @@ export async function benchStartup(opts: { quick: boolean }): Promise<object> {
       t.close();
       load.push(Number(t1 - t0) / 1e6);
       attach.push(Number(t2 - t1) / 1e6);
+      const pause = firstDropPause();
+      symbolsRead.push(pause.readMs);
+      symbolsParse.push(pause.parseMs);
     }
   } finally {
     await lab.down();
@@ -55,10 +85,13 @@ export async function benchStartup(opts: { quick: boolean }): Promise<object> {
         ['svctrace trace: launch -> hooks attached', median(cli).toFixed(0)],
         ['  of which: open + load + verify BPF, attach tracepoints', median(load).toFixed(1)],
         ['  of which: select services + attach 8 netfilter links in the netns', median(attach).toFixed(1)],
+        ['first drop named: JS thread paused to load /proc/kallsyms (once per trace)', median(symbolsRead.map((r, i) => r + symbolsParse[i]!)).toFixed(1)],
+        ['  of which: reading it (the kernel writes it as it is read)', median(symbolsRead).toFixed(1)],
+        ['  of which: parsing it', median(symbolsParse).toFixed(1)],
       ],
     ),
   );
-  const result = { runs: n, cliMs: cli, loadMs: load, attachMs: attach };
+  const result = { runs: n, cliMs: cli, loadMs: load, attachMs: attach, kallsymsReadMs: symbolsRead, kallsymsParseMs: symbolsParse };
   console.log(`-> ${writeResult('startup', result)}`);
   return result;
 }

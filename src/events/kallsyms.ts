@@ -4,9 +4,9 @@
  * drop carries no reason, and that place is all it tells: `nf_hook_slow` is
  * a netfilter rule's DROP, `ip_rcv_core` a malformed or foreign packet.
  *
- * The table is read once, when the first drop needs a name (about 150 ms of
- * the JS thread, and 3 MB kept, for the ~120k functions of this project's
- * hosts), and kept: a
+ * The table is read once, when the first drop needs a name (about 100 ms of
+ * the JS thread, most of it the kernel writing the file, and 3 MB kept, for
+ * the ~120k functions of this project's hosts), and kept: a
  * kernel's functions do not change while svctrace runs (a module loaded
  * later is named by its hex address). Pure parsing and lookup here; the file
  * is read by `KernelSymbols.load`.
@@ -43,6 +43,38 @@ export function formatLocation(l: KernelLocation): string {
 /** Functions further than this past their start are not taken to hold the address (the gap after the last one). */
 const MAX_FUNCTION_BYTES = 1 << 20;
 
+function isSpace(c: number): boolean {
+  return c === 0x20 || c === 0x09 || c === 0x0d;
+}
+
+function hexDigit(c: number): number {
+  if (c >= 0x30 && c <= 0x39) return c - 0x30;
+  if (c >= 0x61 && c <= 0x66) return c - 0x57;
+  if (c >= 0x41 && c <= 0x46) return c - 0x37;
+  return -1;
+}
+
+/** offsetOf for text[from, to) without making the string: the 16 hex digits of a kernel address, or undefined. */
+function kernelOffsetAt(text: string, from: number, to: number): number | undefined {
+  if (to - from !== 16) return undefined;
+  for (let i = 0; i < 4; i++) {
+    const c = text.charCodeAt(from + i);
+    if (c !== 0x66 && c !== 0x46) return undefined; // the high 16 bits: KERNEL_BASE_HIGH
+  }
+  let v = 0;
+  for (let i = 4; i < 16; i++) {
+    const d = hexDigit(text.charCodeAt(from + i));
+    if (d < 0) return undefined;
+    v = v * 16 + d;
+  }
+  return v;
+}
+
+function grow<T extends Float64Array | Uint32Array | Uint16Array>(from: T, to: T): T {
+  to.set(from);
+  return to;
+}
+
 export class KernelSymbols {
   /**
    * Sorted by address: starts[i] is function i's, its name
@@ -71,45 +103,84 @@ export class KernelSymbols {
    * that read as 0 (hidden from this process) give an empty table.
    */
   static parse(text: string): KernelSymbols {
-    const rows: { at: number; name: string; module: number }[] = [];
+    // One pass over the text's character codes, into typed arrays: no
+    // string or object per line (the file has ~120k; made per line, they
+    // took 200 ms of the JS thread, at the first drop of a trace).
+    let cap = 1024;
+    let starts = new Float64Array(cap);
+    let nameFrom = new Uint32Array(cap);
+    let nameTo = new Uint32Array(cap);
+    let moduleOf = new Uint16Array(cap);
+    let n = 0;
     const modules = [''];
     const moduleIds = new Map<string, number>([['', 0]]);
+    const len = text.length;
     let from = 0;
-    while (from < text.length) {
+    while (from < len) {
       let end = text.indexOf('\n', from);
-      if (end < 0) end = text.length;
-      const line = text.slice(from, end);
+      if (end < 0) end = len;
+      const line = from;
       from = end + 1;
-      const sp1 = line.indexOf(' ');
-      const sp2 = line.indexOf(' ', sp1 + 1);
-      if (sp1 <= 0 || sp2 !== sp1 + 2) continue;
-      const type = line[sp1 + 1];
-      if (type !== 't' && type !== 'T' && type !== 'w' && type !== 'W') continue;
-      const at = offsetOf(line.slice(0, sp1));
+      // "ffffffff81f82610 T nf_hook_slow" or "... t nft_do_chain\t[nf_tables]"
+      const sp1 = text.indexOf(' ', line);
+      if (sp1 < 0 || sp1 >= end || sp1 === line || text.charCodeAt(sp1 + 2) !== 0x20 || sp1 + 2 >= end) continue;
+      const type = text.charCodeAt(sp1 + 1);
+      if (type !== 0x74 && type !== 0x54 && type !== 0x77 && type !== 0x57) continue; // t T w W
+      const at = kernelOffsetAt(text, line, sp1);
       if (at === undefined || at === 0) continue;
-      const rest = line.slice(sp2 + 1);
-      const tab = rest.indexOf('\t');
-      const name = (tab < 0 ? rest : rest.slice(0, tab)).trim();
-      if (!name) continue;
-      const moduleName = tab < 0 ? '' : rest.slice(tab + 1).trim().replace(/^\[|\]$/g, '');
-      let module = moduleIds.get(moduleName);
-      if (module === undefined && modules.length < 0xffff) {
-        module = modules.push(moduleName) - 1;
-        moduleIds.set(moduleName, module);
+      // Within the line (indexOf would search on to the next module line, megabytes away).
+      let tab = sp1 + 3;
+      while (tab < end && text.charCodeAt(tab) !== 0x09) tab++;
+      let nf = sp1 + 3;
+      let nt = tab;
+      while (nf < nt && isSpace(text.charCodeAt(nf))) nf++;
+      while (nt > nf && isSpace(text.charCodeAt(nt - 1))) nt--;
+      if (nf === nt) continue;
+      let module = 0;
+      if (tab < end) {
+        const moduleName = text.slice(tab + 1, end).trim().replace(/^\[|\]$/g, '');
+        let id = moduleIds.get(moduleName);
+        if (id === undefined && modules.length < 0xffff) {
+          id = modules.push(moduleName) - 1;
+          moduleIds.set(moduleName, id);
+        }
+        module = id ?? 0;
       }
-      rows.push({ at, name, module: module ?? 0 });
+      if (n === cap) {
+        cap *= 2;
+        starts = grow(starts, new Float64Array(cap));
+        nameFrom = grow(nameFrom, new Uint32Array(cap));
+        nameTo = grow(nameTo, new Uint32Array(cap));
+        moduleOf = grow(moduleOf, new Uint16Array(cap));
+      }
+      starts[n] = at;
+      nameFrom[n] = nf;
+      nameTo[n] = nt;
+      moduleOf[n] = module;
+      n++;
     }
-    rows.sort((a, b) => a.at - b.at);
-    const nameAt = new Uint32Array(rows.length + 1);
+    // By address; lines at the same address keep the file's order. The
+    // kernel lists its own functions in order, so usually nothing moves.
+    const order = Uint32Array.from({ length: n }, (_, i) => i);
+    let sorted = true;
+    for (let i = 1; i < n && sorted; i++) sorted = starts[i - 1]! <= starts[i]!;
+    if (!sorted) order.sort((x, y) => starts[x]! - starts[y]! || x - y);
+    const outStarts = new Float64Array(n);
+    const outModules = new Uint16Array(n);
+    const nameAt = new Uint32Array(n + 1);
+    const parts = new Array<string>(n);
     let total = 0;
-    rows.forEach((r, i) => {
+    for (let i = 0; i < n; i++) {
+      const k = order[i]!;
+      outStarts[i] = starts[k]!;
+      outModules[i] = moduleOf[k]!;
       nameAt[i] = total;
-      total += r.name.length;
-    });
-    nameAt[rows.length] = total;
-    // One flat string: the rows' names (slices of the whole file, keeping it alive) go with them.
-    const names = rows.map((r) => r.name).join('');
-    return new KernelSymbols(Float64Array.from(rows, (r) => r.at), names, nameAt, Uint16Array.from(rows, (r) => r.module), modules);
+      parts[i] = text.slice(nameFrom[k]!, nameTo[k]!);
+      total += nameTo[k]! - nameFrom[k]!;
+    }
+    nameAt[n] = total;
+    // One flat string: slices of the whole file would keep it alive.
+    return new KernelSymbols(outStarts, parts.join(''), nameAt, outModules, modules);
   }
 
   /** Reads the running kernel's table; an empty one when it cannot be read (addresses then show in hex). */

@@ -36,6 +36,26 @@ describe('KernelSymbols', () => {
     assert.equal(s.locate(''), undefined);
   });
 
+  it('module lines between kernel lines, aliases at one address and a file out of order: the last alias in the file names it', () => {
+    const t = KernelSymbols.parse(
+      [
+        'ffffffffc0a02000 t nft_meta_get_eval\t[nf_tables]',
+        'ffffffff81000000 T _stext',
+        'ffffffff81f82610 T __pfx_nf_hook_slow',
+        'ffffffffc0b00000 t ipt_do_table\t[ip_tables]  ',
+        'ffffffff81f82610 T nf_hook_slow\r',
+        'ffffffff81f8zz10 T not_hex',
+        'ffffffff81f82610 X not_code',
+        'ffffffff81f82610  T two_spaces',
+      ].join('\n'),
+    );
+    assert.equal(t.size, 5);
+    assert.equal(formatLocation(t.locate('ffffffff81f8269c')!), 'nf_hook_slow+0x8c');
+    assert.equal(formatLocation(t.locate('ffffffff81000010')!), '_stext+0x10');
+    assert.equal(formatLocation(t.locate('ffffffffc0a02010')!), 'nft_meta_get_eval+0x10 [nf_tables]');
+    assert.equal(formatLocation(t.locate('ffffffffc0b00001')!), 'ipt_do_table+0x1 [ip_tables]');
+  });
+
   it('addresses hidden from the reader (kptr_restrict: all zero) give an empty table, not wrong names', () => {
     const hidden = KernelSymbols.parse('0000000000000000 T _stext\n0000000000000000 T nf_hook_slow\n');
     assert.equal(hidden.size, 0);
