@@ -8,6 +8,8 @@
  * one that crashes or hangs is reported as such (table + bench-results/run.json)
  * and the next one still runs.
  */
+import fs from 'node:fs';
+import path from 'node:path';
 import { spawn } from 'node:child_process';
 import { benchPipeline } from './pipeline';
 import { benchDatapath } from './datapath';
@@ -43,10 +45,27 @@ interface Outcome {
 
 let interrupted = false;
 
+/**
+ * The V8 flags svctrace runs with (its launcher's `#!` line: a smaller heap
+ * and young generation, traded for CPU): the benchmarks that run the live
+ * pipeline in their own process (LIKE_A_TRACE) measure it as a trace runs,
+ * not with Node's defaults (as they did before the twenty-fourth pass).
+ * Not the others: replay keeps whole captures decoded in memory, and
+ * memory and startup launch svctrace itself.
+ */
+export function launcherV8Flags(launcher = path.resolve(__dirname, '..', '..', 'bin', 'svctrace.js')): string[] {
+  const first = fs.readFileSync(launcher, 'utf8').split('\n', 1)[0] ?? '';
+  if (!first.startsWith('#!')) return [];
+  return first.split(/\s+/).filter((a) => /^--[a-z][a-z0-9-]*(=\S+)?$/.test(a));
+}
+
+const LIKE_A_TRACE = new Set<Name>(['pipeline', 'datapath', 'kernelcost']);
+
 async function runOne(name: Name, quick: boolean, timeoutS: number): Promise<Outcome> {
   const t0 = Date.now();
   // Own process group, so whatever it started (serve, wrk) can be ended with it.
-  const c = spawn(process.execPath, [__filename, '--child', name, ...(quick ? ['--quick'] : [])], { stdio: ['ignore', 'inherit', 'pipe'], detached: true });
+  const flags = LIKE_A_TRACE.has(name) ? launcherV8Flags() : [];
+  const c = spawn(process.execPath, [...flags, __filename, '--child', name, ...(quick ? ['--quick'] : [])], { stdio: ['ignore', 'inherit', 'pipe'], detached: true });
   let stderr = '';
   c.stderr!.on('data', (d: Buffer) => {
     process.stderr.write(d);
@@ -116,7 +135,10 @@ async function main(): Promise<void> {
   process.exit(outcomes.every((o) => o.status === 'ok') ? 0 : 1);
 }
 
-main().catch((e) => {
-  console.error(`bench: ${e instanceof Error ? e.message : String(e)}`);
-  process.exit(1);
-});
+// Run, not imported (a unit test reads launcherV8Flags).
+if (require.main === module) {
+  main().catch((e) => {
+    console.error(`bench: ${e instanceof Error ? e.message : String(e)}`);
+    process.exit(1);
+  });
+}
