@@ -33,6 +33,7 @@ class Tracer : public Napi::ObjectWrap<Tracer> {
   Napi::Value AttachNetfilter(const Napi::CallbackInfo& info);
   Napi::Value Start(const Napi::CallbackInfo& info);
   Napi::Value Stats(const Napi::CallbackInfo& info);
+  Napi::Value DeliveryIdle(const Napi::CallbackInfo& info);
   Napi::Object StatsObject(Napi::Env env);
   Napi::Value Close(const Napi::CallbackInfo& info);
   Napi::Value BenchEmit(const Napi::CallbackInfo& info);

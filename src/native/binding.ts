@@ -135,6 +135,8 @@ export interface NativeTracer {
   /** `batch` is the addon's buffer, valid during the call only (reused for the next batch): copy what you keep. */
   start(onBatch: (batch: Uint8Array, count: number, channel: number) => void): void;
   stats(): NativeStats;
+  /** Everything the ring produced so far has reached JS (stats()'s ringBacklogBytes, readerPending and batchesInFlight all 0), without stats()'s syscalls. */
+  deliveryIdle(): boolean;
   /** The last stats, once the programs are detached and the reader and listeners stopped (readerLostAtClose: what never reached JS); undefined when already closed. */
   close(): NativeStats | undefined;
   /** Reads nftables trace messages in a namespace: batches of struct svt_nftrace. */

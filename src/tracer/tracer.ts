@@ -250,8 +250,7 @@ export class Tracer {
 
   /** Everything the ring produced so far has reached JS. */
   private ringIdle(): boolean {
-    const s = this.n.stats();
-    return s.ringBacklogBytes === 0 && s.readerPending === 0 && s.batchesInFlight === 0;
+    return this.n.deliveryIdle();
   }
 
   /**

@@ -10,7 +10,7 @@ import { Lab } from '../../src/lab/lab';
 import { runIn } from '../../src/lab/exec';
 import { Tracer } from '../../src/tracer/tracer';
 import { parseServiceSpec } from '../../src/net/ipv4';
-import { loadBinding } from '../../src/native/binding';
+import { loadBinding, type NativeStats } from '../../src/native/binding';
 import { decodeBatch } from '../../src/events/decode';
 import { EventKind, NfStage, StatsReason } from '../../src/events/layout';
 
@@ -95,11 +95,18 @@ describe('batch delivery (kernel)', () => {
       });
       // Bursts of 9 records (less than a lap): ~15 laps, records wrap at
       // every offset the record size allows.
+      const idleLike = (st: NativeStats) => st.ringBacklogBytes === 0 && st.readerPending === 0 && st.batchesInFlight === 0;
       for (let burst = 0; burst < 200; burst++) {
         const want = seen.length + 9;
         native.benchEmit(9, FLOWS);
+        // Written and not yet through this (busy) JS thread: in the ring,
+        // pending in the reader, or in flight. deliveryIdle says so without
+        // stats()'s syscalls, and agrees with the three counts it stands for.
+        assert.equal(native.deliveryIdle(), false, `burst ${burst}: idle with 9 records just written`);
         const deadline = Date.now() + 5000;
-        while (seen.length < want && Date.now() < deadline) await sleep(2);
+        while ((seen.length < want || !native.deliveryIdle()) && Date.now() < deadline) await sleep(2);
+        assert.ok(native.deliveryIdle(), `burst ${burst}: not idle 5 s after its records arrived`);
+        assert.ok(idleLike(native.stats()), `burst ${burst}: deliveryIdle() said idle, stats() did not`);
       }
       const st = native.stats();
       assert.equal(st.malformed, 0, 'records the reader could not read');
