@@ -243,7 +243,8 @@ SVT_STATIC_ASSERT(sizeof(struct svt_flow_counters) == 128, "svt_flow_counters AB
 enum svt_stats_reason {
 	SVT_STATS_PERIODIC = 0, /* the flow is active; counters so far */
 	SVT_STATS_CLOSED = 1,   /* conntrack destroyed the entry: final counters (written by the addon) */
-	SVT_STATS_REUSED = 2,   /* a new entry took the nf_conn address: the old flow's final counters */
+	SVT_STATS_REUSED = 2,   /* a new entry took the nf_conn address: the old flow's final counters
+				 * (none when its ENDED was the last: nothing counted since) */
 	SVT_STATS_EXPIRED = 3,  /* no packet for a long time, state removed (written by the addon) */
 	SVT_STATS_ENDED = 4,    /* a TCP connection is over (TIME_WAIT or CLOSE): its final
 				 * counters, unless a packet comes later (then its destroy's are) */

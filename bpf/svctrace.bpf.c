@@ -291,6 +291,14 @@ static __always_inline bool emit_flow_stats(__u64 ct_id, struct svt_flow_counter
  * the flow from it); lost with no record before it, the whole flow is. */
 static __always_inline void end_replaced(__u64 ct_id, struct svt_flow_counters *st)
 {
+	/* Its end (SVT_STATS_ENDED) went out and no packet was counted since:
+	 * that record is already its final account, and user space drops a
+	 * repeat of a flow gone. On a busy node most short connections end so,
+	 * their client port reused soon after: this was one record in four of
+	 * theirs. (No packet of the old entry can be counting now: each holds
+	 * a reference to it, and its address is taken only once it is freed.) */
+	if (st->end_sent)
+		return;
 	if (!emit_flow_stats(ct_id, st, SVT_STATS_REUSED) && !st->delivered) {
 		svt_count(SVT_CNT_FLOWS_UNSEEN);
 		if ((st->tcp_flags[0] | st->tcp_flags[1]) & TCP_RST)

@@ -215,7 +215,9 @@ export class FlowTable implements FlowTableView {
     // is then not reported), or older than the entry now at its address.
     // (Expired state is only idle: it may go on.)
     // (A counted-only connection's end, ENDED, is its TCP state's: see stateFromCounters.)
-    if ((r.reason === StatsReason.CLOSED || r.reason === StatsReason.REUSED || detached) && !f.closed) {
+    // (ENDED closes any flow: its events said TIME_WAIT or CLOSE first,
+    // unless they were lost, and the kernel writes no REUSED after an end.)
+    if ((r.reason === StatsReason.CLOSED || r.reason === StatsReason.REUSED || r.reason === StatsReason.ENDED || detached) && !f.closed) {
       f.closed = true;
       f.closedTsNs = r.tsNs;
       this.summaryCounters.closed++;

@@ -61,6 +61,19 @@ describe('FlowTable', () => {
     assert.match(eventSummary(items[3]!.event), /un-DNAT.*rewritten to 10\.96\.0\.100:80/);
   });
 
+  it('closes a detailed flow at its end record when the events that said TIME_WAIT were lost (no REUSED follows an end)', () => {
+    const t = table();
+    t.ingest([ev({ tsNs: 100n }), ev({ tsNs: 110n, nfStage: NfStage.AFTER_NAT, nfPriority: -99, ctStatus: IPS_DST_NAT })]);
+    const f = t.flows()[0]!;
+    assert.equal(f.closed, false);
+    // Its FIN events did not fit the ring; the kernel's end record did.
+    t.ingest([], [stats({ tsNs: 700n, reason: StatsReason.ENDED, packets: [6, 4], bytes: [400, 398], tcpState: 7, endSent: true })]);
+    assert.equal(f.closed, true, 'the end record is the last the kernel writes of it');
+    assert.equal(f.closedTsNs, 700n);
+    assert.equal(f.countersFinal, true);
+    assert.equal(t.expire(700n + 1_000_000_000n).length, 1, 'it leaves after the grace period, not the idle timeout');
+  });
+
   it('counts packets only from the kernel\'s counters, and keeps a flow whose events never arrived', () => {
     const t = table();
     t.ingest([ev({ tsNs: 100n }), ev({ tsNs: 110n, nfStage: NfStage.AFTER_NAT, nfPriority: -99, ctStatus: IPS_DST_NAT })]);
