@@ -161,6 +161,8 @@ export interface NativeBinding {
   layout(): NativeLayout;
   /** malloc_trim(0): gives glibc's free pages back to the system; true if any were. */
   releaseFreeMemory(): boolean;
+  /** The same on libuv's thread pool, off the JS thread; `done` gets whether any were. */
+  releaseFreeMemory(done: (released: boolean) => void): void;
 }
 
 /** The package root: where build/ and prebuilds/ are. */

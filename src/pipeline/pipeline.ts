@@ -207,9 +207,17 @@ export class Pipeline {
       p.sweepTimer.unref();
       // Batches and frames of a few hundred KB are freed all the time, and
       // glibc keeps what it freed between long-lived allocations: resident
-      // for nothing. Given back once a second, RSS follows what is in use.
+      // for nothing. Given back once a second, RSS follows what is in use:
+      // off the JS thread (a few ms a call), one call at a time.
       const binding = loadBinding();
-      p.memoryTimer = setInterval(() => binding.releaseFreeMemory(), RELEASE_FREE_MEMORY_EVERY_MS);
+      let trimming = false;
+      p.memoryTimer = setInterval(() => {
+        if (trimming) return;
+        trimming = true;
+        binding.releaseFreeMemory(() => {
+          trimming = false;
+        });
+      }, RELEASE_FREE_MEMORY_EVERY_MS);
       p.memoryTimer.unref();
       p.netnsTimer = setInterval(() => p!.checkNamespaces(), NETNS_CHECK_EVERY_MS);
       p.netnsTimer.unref();
