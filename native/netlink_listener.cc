@@ -27,10 +27,20 @@ constexpr int kPollMs = 50;
 // connection, several per connection for rule traces. The socket buffer
 // (16 MiB) holds far more than arrives in this time.
 constexpr auto kGather = std::chrono::milliseconds(SVT_POLL_MS);
-// Reads of the socket at stop (each up to 4 pages of messages): its 16 MiB
+// Reads of the socket at stop (each up to kReadBatch messages): its 16 MiB
 // buffer several times over.
 constexpr int kDrainAtStopMax = 4096;
+// Messages taken per syscall (recvmmsg). The kernel queues each conntrack
+// or trace message as a datagram of its own, and one recv each was a
+// syscall per destroyed connection on the listener's thread, plus one more
+// per wakeup to find the socket empty (a short read says so now).
+constexpr unsigned kReadBatch = 16;
 }  // namespace
+
+// Each slot holds one message of any size the kernel sends (4 pages, as
+// the single buffer before it did).
+NetlinkListener::ReadSlots::ReadSlots()
+    : slot_bytes(MNL_SOCKET_BUFFER_SIZE * 4), bytes(slot_bytes * kReadBatch), iov(kReadBatch), msgs(kReadBatch) {}
 
 uint64_t MonotonicNs() {
   struct timespec ts;
@@ -117,7 +127,7 @@ void NetlinkListener::Emit(const void* record, size_t size) {
 }
 
 void NetlinkListener::Run() {
-  std::vector<char> buf(MNL_SOCKET_BUFFER_SIZE * 4);
+  ReadSlots slots;
   int fd = mnl_socket_get_fd(nl_);
   while (!stop_.load()) {
     if (sink_->Full() && !sink_->Flush()) {
@@ -131,7 +141,11 @@ void NetlinkListener::Run() {
     if (pr > 0) {
       // Drain what is queued (while the batch has room), then flush once.
       bool got = false;
-      while (!sink_->Full() && ReadOnce(fd, buf)) got = true;
+      while (!sink_->Full()) {
+        unsigned n = ReadOnce(fd, slots);
+        if (n) got = true;
+        if (n < kReadBatch) break;  // the socket held no more
+      }
       if (sink_->Due()) sink_->Flush();
       if (got && !stop_.load()) std::this_thread::sleep_for(kGather);
       continue;
@@ -142,27 +156,36 @@ void NetlinkListener::Run() {
   // batch (handed over by Stop, or counted lost at close), instead of going
   // with the socket uncounted. Bounded: new messages may keep coming on a
   // busy node, and the socket would be read forever.
-  for (int i = 0; i < kDrainAtStopMax && ReadOnce(fd, buf); i++) {
+  for (int i = 0; i < kDrainAtStopMax && ReadOnce(fd, slots) == kReadBatch; i++) {
   }
 }
 
-// One read of the socket, its messages handled; false when it held none.
-// An overrun (ENOBUFS: the kernel dropped messages, counted) is not the
-// end of what it holds.
-bool NetlinkListener::ReadOnce(int fd, std::vector<char>& buf) {
+// One read of the socket (up to kReadBatch messages), its messages
+// handled; how many it held (0: none). An overrun (ENOBUFS: the kernel
+// dropped messages, counted) is not the end of what it holds: recvmmsg
+// returns what it read before one, and reports it on the next call.
+unsigned NetlinkListener::ReadOnce(int fd, ReadSlots& s) {
   for (;;) {
-    ssize_t n = recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
+    for (unsigned i = 0; i < kReadBatch; i++) {
+      s.iov[i] = {s.bytes.data() + i * s.slot_bytes, s.slot_bytes};
+      s.msgs[i] = {};
+      s.msgs[i].msg_hdr.msg_iov = &s.iov[i];
+      s.msgs[i].msg_hdr.msg_iovlen = 1;
+    }
+    int n = recvmmsg(fd, s.msgs.data(), kReadBatch, MSG_DONTWAIT, nullptr);
     if (n < 0) {
       if (errno == ENOBUFS) {
         overruns_++;
         continue;
       }
-      return false;
+      return 0;
     }
-    const nlmsghdr* nlh = reinterpret_cast<const nlmsghdr*>(buf.data());
-    int len = (int)n;
-    for (; mnl_nlmsg_ok(nlh, len); nlh = mnl_nlmsg_next(nlh, &len)) Handle(nlh);
-    return true;
+    for (int i = 0; i < n; i++) {
+      const nlmsghdr* nlh = reinterpret_cast<const nlmsghdr*>(s.iov[i].iov_base);
+      int len = (int)s.msgs[i].msg_len;
+      for (; mnl_nlmsg_ok(nlh, len); nlh = mnl_nlmsg_next(nlh, &len)) Handle(nlh);
+    }
+    return (unsigned)n;
   }
 }
 

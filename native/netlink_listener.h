@@ -5,6 +5,7 @@
 #pragma once
 
 #include <napi.h>
+#include <sys/socket.h>  // mmsghdr (_GNU_SOURCE: g++ defines it)
 
 #include <atomic>
 #include <memory>
@@ -45,8 +46,16 @@ class NetlinkListener {
   void Emit(const void* record, size_t size);
 
  private:
+  // Buffers for one recvmmsg: a slot, an iovec and a header per message.
+  struct ReadSlots {
+    ReadSlots();
+    size_t slot_bytes;
+    std::vector<char> bytes;
+    std::vector<iovec> iov;
+    std::vector<mmsghdr> msgs;
+  };
   void Run();
-  bool ReadOnce(int fd, std::vector<char>& buf);
+  unsigned ReadOnce(int fd, ReadSlots& slots);
 
   mnl_socket* nl_ = nullptr;
   std::unique_ptr<BatchSink> sink_;
