@@ -47,7 +47,7 @@ export function parseWrk(out: string): WrkResult {
   return { requests, rps, p50ms: toMs(p50), p99ms: toMs(p99), errors };
 }
 
-async function wrk(lab: Lab, seconds: number, short: boolean): Promise<WrkResult> {
+export async function wrk(lab: Lab, seconds: number, short: boolean): Promise<WrkResult> {
   const args = ['wrk', '-t1', `-c${CONNS}`, `-d${seconds}s`, '--latency'];
   if (short) args.push('-H', 'Connection: close');
   args.push('http://10.96.0.100/');

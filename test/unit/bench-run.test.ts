@@ -3,6 +3,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { spawnSync } from 'node:child_process';
 import { launcherV8Flags } from '../../bench/run';
 
 describe('benchmark runner', () => {
@@ -20,5 +21,14 @@ describe('benchmark runner', () => {
     // The real launcher's line gives some (what a trace runs with), and nothing but flags.
     const real = launcherV8Flags();
     assert.ok(real.length > 0 && real.every((f) => f.startsWith('--')), real.join(' '));
+  });
+
+  it('the two-checkout datapath comparison says how to call it, before building any lab, when its arguments are wrong', () => {
+    const script = path.join(__dirname, '..', '..', 'bench', 'datapath-compare.js');
+    for (const args of [[], ['../other', 'many']]) {
+      const r = spawnSync(process.execPath, [script, ...args], { encoding: 'utf8', timeout: 30_000 });
+      assert.equal(r.status, 2, r.stderr);
+      assert.match(r.stderr, /usage: node dist\/bench\/datapath-compare\.js OTHER_CHECKOUT/);
+    }
   });
 });
