@@ -11,6 +11,7 @@
 #include <libmnl/libmnl.h>
 #include <string.h>
 
+#include "ct_filter.h"
 #include "errors.h"
 #include "map_take.h"
 #include "events.h"
@@ -118,6 +119,18 @@ CtListener::CtListener(Napi::Env env, const std::string& netns_path, unsigned lo
       stale_destroys_fd_(stale_destroys_fd),
       active_flows_(active_flows),
       stale_owed_(stale_owed) {}
+
+bool CtListener::FilterServices(const std::vector<svt_service_key>& keys) {
+  std::vector<sock_filter> prog = CtDestroyFilter(keys);
+  const int fd = socket_fd();
+  if (!prog.empty()) {
+    sock_fprog fprog = {(unsigned short)prog.size(), prog.data()};
+    // Replaces the filter before it at once: no message sees neither.
+    if (setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &fprog, sizeof(fprog)) == 0) return true;
+  }
+  setsockopt(fd, SOL_SOCKET, SO_DETACH_FILTER, nullptr, 0);  // ENOENT when none: fine
+  return false;
+}
 
 // True when a destroy of this original tuple is still owed to an entry the
 // kernel saw replaced by a new one with the same tuple (svt_stale_destroys);

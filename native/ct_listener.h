@@ -17,7 +17,9 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "events.h"
 #include "netlink_listener.h"
 #include "service_set.h"
 
@@ -39,6 +41,12 @@ class CtListener : public NetlinkListener {
  // Packets conntrack counted in a destroyed entry that our hooks did not
   // (see RaiseToConntrack): the final counters were corrected by as many.
   uint64_t packets_missed() const { return packets_missed_.load(std::memory_order_relaxed); }
+
+  // Has the kernel queue only the destroys of `keys`' entries to this
+  // listener (see ct_filter.h); Handle still checks each against the
+  // service set. False when none could be attached (too many services, or
+  // the kernel refused it): then every destroy is read, as without one.
+  bool FilterServices(const std::vector<svt_service_key>& keys);
 
  protected:
   void Handle(const nlmsghdr* nlh) override;

@@ -110,9 +110,9 @@ uint64_t NetlinkListener::overruns() const {
   // SO_MEMINFO (Linux >= 4.12; before it, the ENOBUFS count):
   // SK_MEMINFO_DROPS is the socket's sk_drops, which a netlink overrun
   // increments for each message it drops. ENOBUFS is reported once per
-  // congestion, however many messages were dropped. The socket takes the
-  // namespace's every message of its group (destroys of untraced entries
-  // too, dropped here unread), so this is an upper bound on events lost.
+  // congestion, however many messages were dropped. Where a socket filter
+  // keeps only traced services' messages (ct_filter.h) these are theirs;
+  // without one, messages of untraced entries count too: an upper bound.
   __u32 mem[SK_MEMINFO_VARS] = {};
   socklen_t len = sizeof(mem);
   if (nl_ && getsockopt(mnl_socket_get_fd(nl_), SOL_SOCKET, SO_MEMINFO, mem, &len) == 0 &&
@@ -120,6 +120,8 @@ uint64_t NetlinkListener::overruns() const {
     return std::max<uint64_t>(errors, mem[SK_MEMINFO_DROPS]);
   return errors;
 }
+
+int NetlinkListener::socket_fd() const { return mnl_socket_get_fd(nl_); }
 
 void NetlinkListener::Emit(const void* record, size_t size) {
   sink_->Append(record, size);
@@ -185,6 +187,7 @@ unsigned NetlinkListener::ReadOnce(int fd, ReadSlots& s) {
       int len = (int)s.msgs[i].msg_len;
       for (; mnl_nlmsg_ok(nlh, len); nlh = mnl_nlmsg_next(nlh, &len)) Handle(nlh);
     }
+    messages_read_.fetch_add((unsigned)n, std::memory_order_relaxed);
     return (unsigned)n;
   }
 }

@@ -30,6 +30,8 @@ class NetlinkListener {
   void Stop();
 
   uint64_t events() const { return events_.load(); }
+  // Messages read from the socket, kept or not.
+  uint64_t messages_read() const { return messages_read_.load(std::memory_order_relaxed); }
   // Messages the kernel could not queue to us: events we missed. The
   // socket's own drop count (one per message), or, where the kernel does
   // not tell it, the ENOBUFS errors read (one per burst of drops).
@@ -44,6 +46,7 @@ class NetlinkListener {
   // Called on the listener thread for each message.
   virtual void Handle(const nlmsghdr* nlh) = 0;
   void Emit(const void* record, size_t size);
+  int socket_fd() const;
 
  private:
   // Buffers for one recvmmsg: a slot, an iovec and a header per message.
@@ -63,6 +66,7 @@ class NetlinkListener {
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> events_{0};
   std::atomic<uint64_t> overruns_{0};
+  std::atomic<uint64_t> messages_read_{0};
 };
 
 // CLOCK_MONOTONIC in ns: the clock bpf_ktime_get_ns() reads.

@@ -22,6 +22,13 @@ class ServiceSet {
     for (const auto& k : keys) keys_.insert(std::make_tuple(k.addr, k.port, k.proto));
   }
 
+  std::vector<svt_service_key> Keys() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<svt_service_key> out;
+    for (const auto& [addr, port, proto] : keys_) out.push_back(svt_service_key{addr, port, proto, 0});
+    return out;
+  }
+
   // addr/port in network order; true when addr:port/proto or *:port/proto is traced.
   bool Contains(__u32 addr, __u16 port, __u8 proto) const {
     std::lock_guard<std::mutex> lock(mu_);

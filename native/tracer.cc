@@ -280,6 +280,12 @@ Napi::Value Tracer::SetServices(const Napi::CallbackInfo& info) {
     entries.emplace_back(key, GetU32(o, "id"));
   }
 
+  std::vector<svt_service_key> keys;
+  for (auto& kv : entries) keys.push_back(kv.first);
+  // The conntrack listeners' kernel filters first: they keep the new
+  // services' destroys before the programs start registering their flows.
+  for (auto& l : ct_listeners_) l->FilterServices(keys);
+
   int fd = bpf_map__fd(skel_->maps.svt_services);
   // Clear, then fill: the selection is small (<= SVT_MAX_SERVICES).
   svt_service_key cur, next;
@@ -297,8 +303,6 @@ Napi::Value Tracer::SetServices(const Napi::CallbackInfo& info) {
   skel_->bss->svt_have_nodeports = have_nodeports ? 1 : 0;
   // Invalidates the programs' per-CPU cache of "is this connection traced".
   __atomic_add_fetch(&skel_->bss->svt_services_gen, 1, __ATOMIC_RELEASE);
-  std::vector<svt_service_key> keys;
-  for (auto& kv : entries) keys.push_back(kv.first);
   services_->Replace(keys);
   return Napi::Number::New(env, entries.size());
 }
@@ -317,6 +321,7 @@ Napi::Value Tracer::AttachNetfilter(const Napi::CallbackInfo& info) {
                                                bpf_map__fd(skel_->maps.svt_flow_state),
                                                bpf_map__fd(skel_->maps.svt_stale_destroys), &skel_->bss->svt_active_flows,
                                                &skel_->bss->svt_stale_owed);
+  listener->FilterServices(services_->Keys());
 
   if (backend_ != kBackendNetfilter) {
     // The programs already run everywhere; they start reporting this
@@ -461,9 +466,10 @@ Napi::Object Tracer::StatsObject(Napi::Env env) {
   out.Set("backend", Napi::String::New(env, backend_ == kBackendFentry  ? "fentry"
                                            : backend_ == kBackendKprobe ? "kprobe"
                                                                         : "netfilter"));
-  uint64_t ct_events = 0, ct_overruns = 0, listener_lost = 0, packets_missed = 0;
+  uint64_t ct_events = 0, ct_overruns = 0, listener_lost = 0, packets_missed = 0, ct_read = 0;
   for (auto& l : ct_listeners_) {
     packets_missed += l->packets_missed();
+    ct_read += l->messages_read();
     ct_events += l->events();
     ct_overruns += l->overruns();
     listener_lost += l->lost_at_close();
@@ -473,6 +479,9 @@ Napi::Object Tracer::StatsObject(Napi::Env env) {
   out.Set("hookRunsSkipped", Napi::Number::New(env, (double)runs_skipped));
   out.Set("activeFlows", Napi::Number::New(env, (double)skel_->bss->svt_active_flows));
   out.Set("ctDestroyEvents", Napi::Number::New(env, (double)ct_events));
+  // Destroy messages the listeners read, of any service: with their kernel
+  // filters, only traced services' entries' (ct_filter.h).
+  out.Set("ctDestroysRead", Napi::Number::New(env, (double)ct_read));
   out.Set("packetsMissedByHooks", Napi::Number::New(env, (double)packets_missed));
   uint64_t nft_events = 0, nft_overruns = 0;
   for (auto& l : nft_listeners_) {

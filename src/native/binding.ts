@@ -91,6 +91,12 @@ export interface NativeStats {
   activeFlows: number;
   ctDestroyEvents: number;
   /**
+   * Conntrack destroy messages the listeners read, traced or not. A socket
+   * filter in the kernel keeps only traced services' (up to 512 services):
+   * destroys of other connections on the node cost svctrace no read.
+   */
+  ctDestroysRead: number;
+  /**
    * Packets of destroyed entries that conntrack's accounting counted and the
    * counting hook did not (a kprobe program skipped while the CPU ran
    * another BPF program or syscall; a packet dropped between conntrack and

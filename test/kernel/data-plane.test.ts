@@ -15,14 +15,14 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { kernelTest, IS_ROOT, sleep } from '../helpers/kernel';
 import { FlowLog, TIME_SCALE, waitFor } from '../helpers/flows';
-import { reapUntil } from '../helpers/lab-traffic';
+import { curlEach, reapUntil } from '../helpers/lab-traffic';
 import { conntrackDestroys } from '../helpers/conntrack-events';
 import { Lab, POD_HTTP_PORT } from '../../src/lab/lab';
 import { runIn } from '../../src/lab/exec';
 import { argvInNetns } from '../../src/netns/netns';
 import { Pipeline } from '../../src/pipeline/pipeline';
 import { Tracer } from '../../src/tracer/tracer';
-import { parseServiceSpec } from '../../src/net/ipv4';
+import { parseNodePortSpec, parseServiceSpec } from '../../src/net/ipv4';
 import { EventKind } from '../../src/events/layout';
 import { svctrace } from '../../src/gen/svctrace';
 
@@ -316,6 +316,51 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
       await runIn(dropper.netns, ['iptables', '-D', ...dropEveryOtherSyn], { allowFail: true });
       ct.stop();
       await p.stop();
+    }
+  });
+
+  kernelTest('the conntrack listener reads only traced services\' destroys: the kernel filters out the rest (same port, another ClusterIP), follows a change of services, and a NodePort key (any address) matches by port', async () => {
+    const ct = await conntrackDestroys(lab.nodeNetns);
+    const web = lab.service('web');
+    const other = lab.service('other'); // 80/tcp too, at another ClusterIP
+    // The first dst= of a DESTROY line is the entry's original destination.
+    const destroysTo = (ip: string) => ct.text().split('\n').filter((l) => l.includes('DESTROY') && /dst=(\S+)/.exec(l)?.[1] === ip).length;
+    const tracer = Tracer.open({});
+    try {
+      tracer.setServices([parseServiceSpec(`${other.clusterIP}:80`)]);
+      tracer.attachNetns(lab.nodeNetns);
+      tracer.start(() => {});
+      const n = 12;
+      await curlEach(lab, `http://${web.clusterIP}/`, n);
+      await curlEach(lab, `http://${other.clusterIP}/`, 3);
+      await sleep(2500); // TIME_WAIT is 2 s in the lab
+      assert.ok(await reapUntil(lab, () => destroysTo(web.clusterIP) >= n && destroysTo(other.clusterIP) >= 3, 15_000), `conntrack -E saw the connections end:\n${ct.text()}`);
+      assert.ok(await waitFor(() => tracer.stats().ctDestroyEvents >= 3, 5000), `the traced service's destroys were reported (${tracer.stats().ctDestroyEvents})`);
+      await sleep(300);
+      let st = tracer.stats();
+      // Read: every destroy that reached the listener, traced or not.
+      assert.equal(st.ctDestroysRead, destroysTo(other.clusterIP), `only the traced service's destroys reached the listener, not the ${n} to ${web.clusterIP}: ${JSON.stringify(st)}`);
+      assert.equal(st.ctDestroyEvents, destroysTo(other.clusterIP), 'and each of them was reported');
+
+      // Services changed while the listener runs: its filter follows. A
+      // NodePort key (no address) keeps port 80's destroys at any address.
+      tracer.setServices([parseNodePortSpec('80')]);
+      const read = st.ctDestroysRead;
+      await curlEach(lab, `http://${web.clusterIP}/`, 2);
+      await sleep(2500);
+      assert.ok(await reapUntil(lab, () => destroysTo(web.clusterIP) >= n + 2, 15_000), 'conntrack -E saw them end');
+      assert.ok(await waitFor(() => tracer.stats().ctDestroysRead === read + 2, 5000), `a port-only key keeps any address's destroys (${tracer.stats().ctDestroysRead - read} of 2 read)`);
+      // And a service on another port none.
+      tracer.setServices([parseServiceSpec(`${other.clusterIP}:8080`)]);
+      await curlEach(lab, `http://${other.clusterIP}/`, 2);
+      await sleep(2500);
+      assert.ok(await reapUntil(lab, () => destroysTo(other.clusterIP) >= 5, 15_000), 'conntrack -E saw them end');
+      await sleep(300);
+      st = tracer.stats();
+      assert.equal(st.ctDestroysRead, read + 2, `no destroy of port 80 read once only 8080 is traced: ${JSON.stringify(st)}`);
+    } finally {
+      ct.stop();
+      tracer.close();
     }
   });
 
