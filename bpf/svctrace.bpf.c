@@ -1044,6 +1044,19 @@ static __always_inline int observe_dev(struct sk_buff *skb, __u16 kind)
 		return 0;
 	if (kind == SVT_EV_DEV_RECV && is_flooded_copy(skb))
 		return 0;
+	if (facts.proto == IPPROTO_TCP && (facts.tcp_flags & (TCP_SYN | TCP_ACK)) == TCP_SYN) {
+		/* A connection's first SYN with the tuple of one that ended: a
+		 * client reusing its port while the old entry waits in TIME_WAIT.
+		 * Until conntrack replaces that entry, the wire tuples still
+		 * name the old flow; the SYN is not its, and was told as its
+		 * crossings (in a storm, one pair per reused port: a flow gone
+		 * from user space, each counted as lost there). A new tuple's
+		 * SYN is not seen before conntrack either. */
+		key = ref->ct_id;
+		st = bpf_map_lookup_elem(&svt_flow_state, &key);
+		if (st && (st->last_tcp_state == TCP_CONNTRACK_TIME_WAIT || st->last_tcp_state == TCP_CONNTRACK_CLOSE))
+			return 0;
+	}
 	if (!targ_all_packets && facts.proto != IPPROTO_TCP) {
 		key = ref->ct_id;
 		st = bpf_map_lookup_elem(&svt_flow_state, &key);

@@ -24,6 +24,7 @@ import { Pipeline } from '../../src/pipeline/pipeline';
 import { Tracer } from '../../src/tracer/tracer';
 import { parseNodePortSpec, parseServiceSpec } from '../../src/net/ipv4';
 import { EventKind } from '../../src/events/layout';
+import type { Flow } from '../../src/flows/types';
 import { svctrace } from '../../src/gen/svctrace';
 
 import pb = svctrace.v1;
@@ -50,6 +51,18 @@ for (let i = 0; i < Number(n); i++) {
     r.on('end', () => { if (--left === 0) { clearTimeout(t); console.log('done=' + n); } });
   }).on('error', (e) => { console.error(e.message); process.exit(1); });
 }
+`;
+
+/** One HTTP GET (Connection: close) from a given local port; prints the body. */
+const GET_FROM_PORT = `
+const http = require('node:http');
+const [url, port] = process.argv.slice(1);
+const t = setTimeout(() => { console.error('timeout'); process.exit(1); }, 10000);
+http.get(url, { agent: false, localPort: Number(port), headers: { connection: 'close' } }, (r) => {
+  let body = '';
+  r.on('data', (d) => (body += d));
+  r.on('end', () => { clearTimeout(t); process.stdout.write(body); });
+}).on('error', (e) => { console.error(e.message); process.exit(1); });
 `;
 
 /** conntrack -E DESTROY lines with accounting: per flow, the kernel's own counters. */
@@ -316,6 +329,45 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
       await runIn(dropper.netns, ['iptables', '-D', ...dropEveryOtherSyn], { allowFail: true });
       ct.stop();
       await p.stop();
+    }
+  });
+
+  kernelTest('a client reusing its port while the old entry waits in TIME_WAIT: the new SYN\'s crossings before conntrack are not told as the old flow\'s', async () => {
+    const web = lab.service('web');
+    const port = 40123;
+    // The old entry must still be in TIME_WAIT when the port comes again,
+    // however slow the machine (the lab's 2 s is for reaping).
+    await runIn(lab.nodeNetns, ['sysctl', '-qw', 'net.netfilter.nf_conntrack_tcp_timeout_time_wait=60']);
+    // Timestamps without a per-connection offset, and a port in TIME_WAIT
+    // reusable at once: the pod's TIME_WAIT socket takes the new SYN.
+    await runIn(lab.clientNetns, ['sysctl', '-qw', 'net.ipv4.tcp_timestamps=2', 'net.ipv4.tcp_tw_reuse=1']);
+    const { p, log } = await trace({ detailRate: 0 });
+    try {
+      for (let i = 0; i < 2; i++) {
+        // Node binds with SO_REUSEADDR (curl does not): the port is the
+        // client's own TIME_WAIT socket's when it closed first.
+        const r = await runIn(lab.clientNetns, [process.execPath, '-e', GET_FROM_PORT, `http://${web.clusterIP}/`, String(port)], { timeoutMs: 20_000 * TIME_SCALE, allowFail: true });
+        assert.match(r.stdout, /^pod=/, `request ${i} from port ${port}: ${r.stderr}`);
+        await sleep(1100); // past a second: the client's TIME_WAIT reuse needs one
+      }
+      const flows = () => [...log.flows.values()].filter((f) => f.orig.sport === port).sort((a, b) => a.id - b.id);
+      assert.ok(await waitFor(() => flows().length === 2 && flows().every((f) => f.closed), 10_000), `two flows from port ${port}, both ended (${flows().length})`);
+      const [first, second] = flows() as [Flow, Flow];
+      const ns = (e: pb.IEvent) => BigInt(String(e.tsNs)); // a Long
+      const told = (f: Flow) => log.eventsOf(f).map((e) => `${pb.EventKind[e.kind!]} ${e.tcpFlags ?? ''} ${e.device?.name ?? ''}`).join(' | ');
+      // Its end: the final counters its TIME_WAIT wrote (a flow's last record).
+      const firstEnd = log.eventsOf(first).filter((e) => e.kind === pb.EventKind.EVENT_KIND_FLOW_STATS).map(ns).reduce((a, b) => (b > a ? b : a), 0n);
+      assert.ok(firstEnd > 0n, `the first connection's end was told: ${told(first)}`);
+      const crossings = [pb.EventKind.EVENT_KIND_DEV_XMIT, pb.EventKind.EVENT_KIND_DEV_RECV];
+      const late = log.eventsOf(first).filter((e) => crossings.includes(e.kind!) && ns(e) > firstEnd);
+      assert.equal(late.length, 0, `no device crossing of the first connection after its end; it was told: ${told(first)}`);
+      assert.ok(log.eventsOf(second).some((e) => e.kind === pb.EventKind.EVENT_KIND_DEV_XMIT && e.tcpFlags === 'SYN'), 'the second connection\'s SYN crossings after conntrack are its own');
+      assert.equal(p.flows.summary().orphanEvents, 0, 'no event without its flow');
+    } finally {
+      await p.stop();
+      await runIn(lab.nodeNetns, ['sysctl', '-qw', 'net.netfilter.nf_conntrack_tcp_timeout_time_wait=2']);
+      await runIn(lab.clientNetns, ['sysctl', '-qw', 'net.ipv4.tcp_timestamps=1', 'net.ipv4.tcp_tw_reuse=2']); // the kernel's defaults
+      await runIn(lab.nodeNetns, ['conntrack', '-D', '-p', 'tcp', '--orig-port-src', String(port)], { allowFail: true });
     }
   });
 
