@@ -21,6 +21,8 @@ export interface ExplainOptions {
   target: string;
   netns?: string;
   watchSeconds?: number;
+  /** Ends the watch before watchSeconds (the traffic to see is over); Ctrl-C does too. */
+  watchUntil?: AbortSignal;
   probe?: boolean;
   /** Kubeconfig to ask the API with (default: $KUBECONFIG, ~/.kube/config, in-cluster; none = no API). */
   kubeconfig?: string;
@@ -141,7 +143,7 @@ export async function explain(opts: ExplainOptions): Promise<Explanation[]> {
     });
   }
   await cluster?.stop();
-  if (opts.watchSeconds) await watch(out, netns, d, opts.watchSeconds, (s) => views.get(s), opts.onWarning);
+  if (opts.watchSeconds) await watch(out, netns, d, opts.watchSeconds, (s) => views.get(s), opts.onWarning, opts.watchUntil);
   return out;
 }
 
@@ -152,7 +154,7 @@ function apiEndpointsFor(cluster: Cluster, svc: DiscoveredService): ApiEndpoint[
 }
 
 /** Traces the services for a while and adds what the traffic showed. */
-async function watch(exps: Explanation[], netns: string, d: Discovery, seconds: number, viewOf: (s: DiscoveredService) => BackendView | undefined, onWarning?: (m: string) => void): Promise<void> {
+async function watch(exps: Explanation[], netns: string, d: Discovery, seconds: number, viewOf: (s: DiscoveredService) => BackendView | undefined, onWarning?: (m: string) => void, until?: AbortSignal): Promise<void> {
   const svcs = exps.map((e) => e.service!).filter(Boolean);
   if (!svcs.length) return;
   // Flows that ended early (their conntrack address taken by the next connection) leave the table: kept here.
@@ -170,13 +172,16 @@ async function watch(exps: Explanation[], netns: string, d: Discovery, seconds: 
     },
     () => [{ name: 'watch', write: () => undefined, expired: (fs) => ended.push(...fs) }],
   );
-  await waitForStop(seconds);
+  const startedAt = Date.now();
+  await waitForStop(seconds, until);
+  // What the traffic showed is over the time watched (Ctrl-C or `until` may end it early).
+  const watched = Math.max(1, Math.round((Date.now() - startedAt) / 1000));
   const flows = [...ended, ...pipeline.flows.flows()];
   await pipeline.stop();
   for (const e of exps) {
     const s = e.service;
     if (!s) continue;
-    e.observed = observeFlows(s, flows, seconds);
+    e.observed = observeFlows(s, flows, watched);
     // The traffic's diagnoses of a backend replace a guess from its probe with what the kernel saw (same code: one of them).
     const seen = diagnoseTraffic(s, e.observed, viewOf(s));
     e.diagnoses = [...e.diagnoses.filter((x) => !seen.some((y) => y.code === x.code && y.object === x.object)), ...seen];
