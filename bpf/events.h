@@ -172,6 +172,38 @@ struct svt_flow_ref {
 SVT_STATIC_ASSERT(sizeof(struct svt_flow_ref) == 16, "svt_flow_ref ABI changed");
 
 /*
+ * In and out of the conntrack destroy handler's two programs (SEC("syscall"),
+ * run by the addon with BPF_PROG_TEST_RUN, Linux 5.14+): the lookups of a
+ * destroy before and after it takes the flow's state, one syscall each
+ * instead of five. The take itself stays a syscall (BPF_MAP_LOOKUP_AND_DELETE:
+ * atomic, which a program's lookup then delete is not).
+ */
+struct svt_destroy_ctx {
+	struct svt_tuple keys[4]; /* in: keys[0] the entry's original tuple; all four its wire tuples (forget) */
+	__u64 ct_id;              /* find: out, the registry's entry for keys[0]; forget: in, the entry taken */
+	__u64 first_ns;           /* find: out, that entry's state's first packet (SVT_DESTROY_STATE) */
+	__u32 found;              /* find: out, SVT_DESTROY_* bits */
+	__u32 taken;              /* forget: in, 1 when this destroy took the entry's state */
+	__u32 result;             /* forget: out, enum svt_forget_result */
+	__u32 _pad;
+};
+SVT_STATIC_ASSERT(sizeof(struct svt_destroy_ctx) == 96, "svt_destroy_ctx ABI changed");
+
+#define SVT_DESTROY_REF 1U   /* keys[0] is in the wire-tuple registry (ct_id) */
+#define SVT_DESTROY_STATE 2U /* ct_id's state is this tuple's (first_ns) */
+/* The destroy is one owed (svt_stale_destroys), now taken off: an older
+ * entry's, whose end went out when a new entry replaced it. Nothing else
+ * was looked up. */
+#define SVT_DESTROY_STALE 4U
+
+enum svt_forget_result {
+	SVT_FORGET_NONE = 0,   /* keys[0] was not in the registry */
+	SVT_FORGET_DONE = 1,   /* keys[0] was, and the four tuples are forgotten */
+	SVT_FORGET_KEPT = 2,   /* a new entry holds keys[0] (race 3): nothing forgotten */
+	SVT_FORGET_STALE = 3,  /* not taken, and the destroy is one owed (SVT_DESTROY_STALE) */
+};
+
+/*
  * One nftables trace message (NFT_MSG_TRACE, read by the addon from the
  * NFNLGRP_NFTRACE group) for a packet svctrace marked with nftrace: the rule
  * or chain end the packet met. Delivered on its own callback, not the ring.

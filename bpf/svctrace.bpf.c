@@ -1360,3 +1360,102 @@ int svt_bench_emit(void *ctx)
 	bpf_loop(bench_count, bench_emit_one, NULL, 0);
 	return 0;
 }
+
+/*
+ * True when a destroy of this original tuple is owed to an entry a new one
+ * replaced (svt_stale_destroys); takes one off the count. The addon's
+ * ConsumeStaleDestroy, without its syscalls: while a client reuses ports,
+ * some destroy is nearly always owed, and every destroy looked.
+ */
+static __always_inline bool consume_stale_destroy(const struct svt_tuple *orig)
+{
+	__u32 *pending;
+
+	if (!svt_stale_owed)
+		return false;
+	pending = bpf_map_lookup_elem(&svt_stale_destroys, orig);
+	if (!pending || !*pending)
+		return false;
+	if (*pending == 1)
+		bpf_map_delete_elem(&svt_stale_destroys, orig);
+	else
+		__sync_fetch_and_add(pending, -1);
+	__sync_fetch_and_add(&svt_stale_owed, -1);
+	return true;
+}
+
+/*
+ * A conntrack destroy's lookups, before the addon takes the flow's state
+ * (see struct svt_destroy_ctx). The ctx is the addon's copy; keys go to the
+ * helpers from the stack.
+ */
+SEC("syscall")
+int svt_destroy_find(struct svt_destroy_ctx *c)
+{
+	struct svt_tuple orig = c->keys[0];
+	struct svt_flow_counters *st;
+	struct svt_flow_ref *ref;
+	__u64 key;
+
+	c->found = 0;
+	if (consume_stale_destroy(&orig)) {
+		c->found = SVT_DESTROY_STALE;
+		return 0;
+	}
+	ref = bpf_map_lookup_elem(&svt_flows, &orig);
+	if (!ref)
+		return 0;
+	key = ref->ct_id;
+	c->ct_id = key;
+	st = bpf_map_lookup_elem(&svt_flow_state, &key);
+	if (st && tuple_eq(&st->orig, &orig)) {
+		/* Race 1: the state found is a new entry's, its stale destroy
+		 * owed by now (owed before its state was written). */
+		if (consume_stale_destroy(&orig)) {
+			c->found = SVT_DESTROY_STALE;
+			return 0;
+		}
+		c->first_ns = st->first_ns;
+		c->found = SVT_DESTROY_REF | SVT_DESTROY_STATE;
+		return 0;
+	}
+	c->found = SVT_DESTROY_REF;
+	return 0;
+}
+
+/*
+ * ... and after: forgets the flow's wire tuples. Not taken: the destroy may
+ * be one owed (a new entry with its tuple came while it was read, and the
+ * kernel ended this one and took its state): then the tuples are the new
+ * entry's and stay. Taken: unless a new entry with the same original tuple
+ * came after the take (it registered keys[0] again, at another address, or
+ * at this one with a state again): its tuples stay, and this flow's other
+ * tuples are left to the registry's LRU.
+ */
+SEC("syscall")
+int svt_destroy_forget(struct svt_destroy_ctx *c)
+{
+	struct svt_tuple k = c->keys[0];
+	struct svt_flow_ref *ref;
+	__u64 key = c->ct_id;
+
+	if (!c->taken && consume_stale_destroy(&k)) {
+		c->result = SVT_FORGET_STALE;
+		return 0;
+	}
+	if (c->taken) {
+		ref = bpf_map_lookup_elem(&svt_flows, &k);
+		if (ref && (ref->ct_id != key || bpf_map_lookup_elem(&svt_flow_state, &key))) {
+			c->result = SVT_FORGET_KEPT;
+			return 0;
+		}
+	}
+	c->result = bpf_map_delete_elem(&svt_flows, &k) == 0 ? SVT_FORGET_DONE : SVT_FORGET_NONE;
+	k = c->keys[1];
+	bpf_map_delete_elem(&svt_flows, &k);
+	k = c->keys[2];
+	bpf_map_delete_elem(&svt_flows, &k);
+	k = c->keys[3];
+	bpf_map_delete_elem(&svt_flows, &k);
+	return 0;
+}

@@ -110,7 +110,7 @@ bool CtListener::RaiseToConntrack(const nlattr* const* top, svt_flow_counters* c
 CtListener::CtListener(Napi::Env env, const std::string& netns_path, unsigned long netns_ino,
                        std::shared_ptr<const ServiceSet> services, int flows_map_fd, int state_map_fd,
                        int stale_destroys_fd, volatile unsigned long long* active_flows,
-                       volatile unsigned long long* stale_owed)
+                       volatile unsigned long long* stale_owed, int find_prog_fd, int forget_prog_fd)
     : NetlinkListener(env, netns_path, NFNLGRP_CONNTRACK_DESTROY),
       netns_ino_(netns_ino),
       services_(std::move(services)),
@@ -118,7 +118,78 @@ CtListener::CtListener(Napi::Env env, const std::string& netns_path, unsigned lo
       state_map_fd_(state_map_fd),
       stale_destroys_fd_(stale_destroys_fd),
       active_flows_(active_flows),
-      stale_owed_(stale_owed) {}
+      stale_owed_(stale_owed),
+      find_prog_fd_(find_prog_fd),
+      forget_prog_fd_(forget_prog_fd) {}
+
+// Runs one of the destroy programs on `c` (in and out). False when the
+// kernel refused the run: the caller then does the work with map syscalls,
+// as it does from then on (destroy_programs() says so).
+bool CtListener::RunDestroyProgram(int prog_fd, svt_destroy_ctx* c) {
+  LIBBPF_OPTS(bpf_test_run_opts, opts, .ctx_in = c, .ctx_size_in = sizeof(*c));
+  if (bpf_prog_test_run_opts(prog_fd, &opts) == 0) return true;
+  find_prog_fd_ = forget_prog_fd_ = -1;
+  programs_refused_.store(true, std::memory_order_relaxed);
+  return false;
+}
+
+// A destroy's lookups before the take: SVT_DESTROY_STALE when it is one
+// owed (taken off the count; nothing else looked up), else SVT_DESTROY_REF
+// when `orig` is in the wire-tuple registry (*ct_id its entry), with
+// SVT_DESTROY_STATE when that entry's state is this tuple's (*first_ns its
+// first packet). One program run where the kernel has them.
+unsigned CtListener::FindFlow(const svt_tuple& orig, __u64* ct_id, __u64* first_ns) {
+  if (find_prog_fd_ >= 0) {
+    svt_destroy_ctx c = {};
+    c.keys[0] = orig;
+    if (RunDestroyProgram(find_prog_fd_, &c)) {
+      *ct_id = c.ct_id;
+      *first_ns = c.first_ns;
+      return c.found;
+    }
+  }
+  if (ConsumeStaleDestroy(orig)) return SVT_DESTROY_STALE;
+  svt_flow_ref ref;
+  if (bpf_map_lookup_elem(flows_map_fd_, &orig, &ref) != 0) return 0;
+  *ct_id = ref.ct_id;
+  svt_flow_counters seen;
+  __u64 key = ref.ct_id;
+  if (bpf_map_lookup_elem(state_map_fd_, &key, &seen) != 0 || !SameTuple(seen.orig, orig)) return SVT_DESTROY_REF;
+  // Race 1: the state found is the new entry's (its stale destroy is owed
+  // by now: owed before its state was written).
+  if (ConsumeStaleDestroy(orig)) return SVT_DESTROY_STALE;
+  *first_ns = seen.first_ns;
+  return SVT_DESTROY_REF | SVT_DESTROY_STATE;
+}
+
+// A destroy's work after the take (enum svt_forget_result): forgets the
+// flow's wire tuples (`keys`, keys[0] its original tuple), unless
+// - not `taken`, the destroy is one owed (the same race as race 1, lost the
+//   other way: while it was being read, a new entry with its tuple came, and
+//   the kernel ended this one (REUSED) and took its state; the wire tuples
+//   are the new entry's now);
+// - `taken` (entry `ct_id`), race 3: a new entry with this tuple came after
+//   the take, found no state to end (nothing owed) and registered its own
+//   wire tuples, at another address, or at this one with a state again.
+//   Those stay, and this flow's other tuples are left to the registry's LRU.
+unsigned CtListener::ForgetFlow(const svt_tuple (&keys)[4], bool taken, __u64 ct_id) {
+  if (forget_prog_fd_ >= 0) {
+    svt_destroy_ctx c = {};
+    for (int i = 0; i < 4; i++) c.keys[i] = keys[i];
+    c.ct_id = ct_id;
+    c.taken = taken;
+    if (RunDestroyProgram(forget_prog_fd_, &c)) return c.result;
+  }
+  if (!taken && ConsumeStaleDestroy(keys[0])) return SVT_FORGET_STALE;
+  if (taken) {
+    svt_flow_ref ref;
+    svt_flow_counters probe;
+    if (bpf_map_lookup_elem(flows_map_fd_, &keys[0], &ref) == 0 &&
+        (ref.ct_id != ct_id || bpf_map_lookup_elem(state_map_fd_, &ct_id, &probe) == 0))
+      return SVT_FORGET_KEPT;
+  }
+  return DeleteFlowRefs(keys, 4) ? SVT_FORGET_DONE : SVT_FORGET_NONE;
+}
 
 bool CtListener::FilterServices(const std::vector<svt_service_key>& keys) {
   std::vector<sock_filter> prog = CtDestroyFilter(keys);
@@ -202,99 +273,70 @@ void CtListener::Handle(const nlmsghdr* nlh) {
       auto tcp = Nested<CTA_PROTOINFO_TCP_MAX>(pi.a[CTA_PROTOINFO_TCP]);
       if (tcp.a[CTA_PROTOINFO_TCP_STATE]) e.ct_tcp_state = mnl_attr_get_u8(tcp.a[CTA_PROTOINFO_TCP_STATE]);
     }
-    if (ConsumeStaleDestroy(e.ct_orig)) {
-      // An older entry's destroy: a new entry took its tuple, and the
-      // state and wire tuples found through it are that entry's now. The
-      // old one's end was reported when it was replaced (SVT_STATS_REUSED);
-      // it still leaves the active flows.
-      Decrement(active_flows_);
-      return;
-    }
     // The flow's final counters: its kernel address comes from the wire
     // tuple registry; the state's own tuple guards against a reused address.
     //
     // A new entry with this tuple (a client reusing its port) can come at
     // any moment while this runs: the BPF side then ends the old state
     // (REUSED), owes its destroy (svt_stale_destroys, before it writes the
-    // new state) and registers the new entry's wire tuples. Each step below
+    // new state) and registers the new entry's wire tuples. Each step
     // checks for that, so that this destroy never takes the new entry's
-    // state or wire tuples (see the three cases marked "race").
-    svt_flow_ref ref;
+    // state or wire tuples (the three races: in FindFlow, below, and in
+    // ForgetFlow). A destroy owed is an older entry's: a new entry took its
+    // tuple, and the state and wire tuples found through it are that
+    // entry's now. The old one's end was reported when it was replaced
+    // (SVT_STATS_REUSED); it still leaves the active flows.
     bool told = false;
     bool taken = false;
-    __u64 key = 0;
-    if (bpf_map_lookup_elem(flows_map_fd_, &e.ct_orig, &ref) == 0) {
-      e.ct_id = ref.ct_id;
-      svt_flow_stats r = {};
-      svt_flow_counters seen;
-      key = ref.ct_id;
-      if (bpf_map_lookup_elem(state_map_fd_, &key, &seen) == 0 && SameTuple(seen.orig, e.ct_orig)) {
-        // Race 1: the state found is the new entry's (its stale destroy is
-        // owed by now: owed before its state was written).
-        if (ConsumeStaleDestroy(e.ct_orig)) {
-          Decrement(active_flows_);
-          return;
-        }
-        if (TakeMapElem(state_map_fd_, &key, &r.c) == 0) {
-          if (r.c.first_ns != seen.first_ns) {
-            // Race 2: the new entry came at the same address between the
-            // lookup and the take: its state goes back (unless its next
-            // packet made another already), and this is the stale destroy.
-            bpf_map_update_elem(state_map_fd_, &key, &r.c, BPF_NOEXIST);
-            ConsumeStaleDestroy(e.ct_orig);
-            Decrement(active_flows_);
-            return;
-          }
-          taken = true;
-          // A connection whose end the kernel already reported (ENDED), with
-          // no packet since: its account is complete, so no counters again.
-          // A counted-only one reports no transitions either, so its destroy
-          // adds nothing at all. (Two records fewer per connection on a busy
-          // node, where most are counted only.)
-          const bool end_told = r.c.end_sent;
-          const bool corrected = RaiseToConntrack(top.a, &r.c);
-          told = r.c.counted_only && end_told && !corrected;
-          if (!end_told || corrected) {
-            // Corrected counters are news even after an end: not marked as
-            // its repeat (user space ignores a repeat of a flow gone).
-            r.c.end_sent = 0;
-            r.kind = SVT_EV_FLOW_STATS;
-            r.size = sizeof(r);
-            r.ts_ns = e.ts_ns;
-            r.ct_id = key;
-            r.reason = SVT_STATS_CLOSED;
-            Emit(&r, sizeof(r));
-          }
-        }
-      }
-    }
-    if (!taken && ConsumeStaleDestroy(e.ct_orig)) {
-      // The same race, lost the other way: while this destroy was being
-      // read, a new entry with its tuple came, and the kernel ended this
-      // one (REUSED) and took its state. The wire tuples are the new
-      // entry's now: left alone, and the destroy owed is this one.
+    __u64 key = 0, seen_first_ns = 0;
+    const unsigned found = FindFlow(e.ct_orig, &key, &seen_first_ns);
+    if (found & SVT_DESTROY_STALE) {
       Decrement(active_flows_);
       return;
     }
-    if (!told) Emit(&e, sizeof(e));
+    if (found & SVT_DESTROY_REF) e.ct_id = key;
+    if (found & SVT_DESTROY_STATE) {
+      svt_flow_stats r = {};
+      if (TakeMapElem(state_map_fd_, &key, &r.c) == 0) {
+        if (r.c.first_ns != seen_first_ns) {
+          // Race 2: the new entry came at the same address between the
+          // lookup and the take: its state goes back (unless its next
+          // packet made another already), and this is the stale destroy.
+          bpf_map_update_elem(state_map_fd_, &key, &r.c, BPF_NOEXIST);
+          ConsumeStaleDestroy(e.ct_orig);
+          Decrement(active_flows_);
+          return;
+        }
+        taken = true;
+        // A connection whose end the kernel already reported (ENDED), with
+        // no packet since: its account is complete, so no counters again.
+        // A counted-only one reports no transitions either, so its destroy
+        // adds nothing at all. (Two records fewer per connection on a busy
+        // node, where most are counted only.)
+        const bool end_told = r.c.end_sent;
+        const bool corrected = RaiseToConntrack(top.a, &r.c);
+        told = r.c.counted_only && end_told && !corrected;
+        if (!end_told || corrected) {
+          // Corrected counters are news even after an end: not marked as
+          // its repeat (user space ignores a repeat of a flow gone).
+          r.c.end_sent = 0;
+          r.kind = SVT_EV_FLOW_STATS;
+          r.size = sizeof(r);
+          r.ts_ns = e.ts_ns;
+          r.ct_id = key;
+          r.reason = SVT_STATS_CLOSED;
+          Emit(&r, sizeof(r));
+        }
+      }
+    }
     // The flow is gone: forget its wire tuples in the kernel, and count it
     // out of the active flows (never below zero) if it was registered.
     svt_tuple keys[4] = {e.ct_orig, e.ct_reply};
     ReverseInto(&keys[2], e.ct_orig);
     ReverseInto(&keys[3], e.ct_reply);
-    if (taken) {
-      // Race 3: a new entry with this tuple came after the take: it found
-      // no state to end (nothing owed) and registered its own wire tuples,
-      // at another address or at this one with a state again. Those stay;
-      // this flow's other tuples are left to the registry's LRU.
-      svt_flow_counters probe;
-      if (bpf_map_lookup_elem(flows_map_fd_, &e.ct_orig, &ref) == 0 &&
-          (ref.ct_id != key || bpf_map_lookup_elem(state_map_fd_, &key, &probe) == 0)) {
-        Decrement(active_flows_);
-        return;
-      }
-    }
-    if (DeleteFlowRefs(keys, 4)) Decrement(active_flows_);
+    const unsigned forgot = ForgetFlow(keys, taken, key);
+    if (forgot != SVT_FORGET_STALE && !told) Emit(&e, sizeof(e));
+    if (forgot != SVT_FORGET_NONE) Decrement(active_flows_);
   }
 }
 

@@ -32,11 +32,12 @@ namespace svt {
 class CtListener : public NetlinkListener {
  public:
   // `active_flows` and `stale_owed` are the BPF program's svt_active_flows
-  // and svt_stale_owed (memory-mapped .bss).
+  // and svt_stale_owed (memory-mapped .bss); the two program fds are
+  // svt_destroy_find and svt_destroy_forget, or -1 (kernels before 5.14).
   CtListener(Napi::Env env, const std::string& netns_path, unsigned long netns_ino,
              std::shared_ptr<const ServiceSet> services, int flows_map_fd, int state_map_fd,
              int stale_destroys_fd, volatile unsigned long long* active_flows,
-             volatile unsigned long long* stale_owed);
+             volatile unsigned long long* stale_owed, int find_prog_fd, int forget_prog_fd);
 
  // Packets conntrack counted in a destroyed entry that our hooks did not
   // (see RaiseToConntrack): the final counters were corrected by as many.
@@ -48,12 +49,19 @@ class CtListener : public NetlinkListener {
   // the kernel refused it): then every destroy is read, as without one.
   bool FilterServices(const std::vector<svt_service_key>& keys);
 
+  // False once the kernel refused to run a destroy program: destroys are
+  // then handled with map syscalls (as where the programs were not loaded).
+  bool destroy_programs_ran() const { return !programs_refused_.load(std::memory_order_relaxed); }
+
  protected:
   void Handle(const nlmsghdr* nlh) override;
 
  private:
   bool ConsumeStaleDestroy(const svt_tuple& orig);
   bool DeleteFlowRefs(const svt_tuple* keys, unsigned n);
+  unsigned FindFlow(const svt_tuple& orig, __u64* ct_id, __u64* first_ns);
+  bool RunDestroyProgram(int prog_fd, svt_destroy_ctx* c);
+  unsigned ForgetFlow(const svt_tuple (&keys)[4], bool taken, __u64 ct_id);
   bool RaiseToConntrack(const nlattr* const* top, svt_flow_counters* c);
   unsigned long netns_ino_;
   std::shared_ptr<const ServiceSet> services_;
@@ -62,6 +70,9 @@ class CtListener : public NetlinkListener {
   int stale_destroys_fd_;
   volatile unsigned long long* active_flows_;
   volatile unsigned long long* stale_owed_;
+  int find_prog_fd_;
+  int forget_prog_fd_;
+  std::atomic<bool> programs_refused_{false};
   std::atomic<uint64_t> packets_missed_{0};
   bool batch_delete_ = true;  // the kernel takes BPF_MAP_DELETE_BATCH (Linux >= 5.6)
 };

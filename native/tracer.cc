@@ -182,6 +182,12 @@ Tracer::Tracer(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Tracer>(info),
   ring_bytes_ = ring_bytes;
   // The benchmark event source is loaded only when asked for (bench/).
   bpf_program__set_autoload(skel_->progs.svt_bench_emit, bench);
+  // The conntrack destroy handler's programs: one syscall where five were,
+  // on the thread that handles every traced connection's end. Linux 5.14
+  // brought the program type; before, the handler makes the calls itself.
+  destroy_programs_ = libbpf_probe_bpf_prog_type(BPF_PROG_TYPE_SYSCALL, nullptr) == 1;
+  bpf_program__set_autoload(skel_->progs.svt_destroy_find, destroy_programs_);
+  bpf_program__set_autoload(skel_->progs.svt_destroy_forget, destroy_programs_);
   // Only the chosen backend's programs are loaded: the other's program type
   // or attach target may not exist on this kernel.
   const bool nf = backend_ == kBackendNetfilter;
@@ -320,7 +326,9 @@ Napi::Value Tracer::AttachNetfilter(const Napi::CallbackInfo& info) {
   auto listener = std::make_unique<CtListener>(env, path, NetnsInode(path), services_, bpf_map__fd(skel_->maps.svt_flows),
                                                bpf_map__fd(skel_->maps.svt_flow_state),
                                                bpf_map__fd(skel_->maps.svt_stale_destroys), &skel_->bss->svt_active_flows,
-                                               &skel_->bss->svt_stale_owed);
+                                               &skel_->bss->svt_stale_owed,
+                                               destroy_programs_ ? bpf_program__fd(skel_->progs.svt_destroy_find) : -1,
+                                               destroy_programs_ ? bpf_program__fd(skel_->progs.svt_destroy_forget) : -1);
   listener->FilterServices(services_->Keys());
 
   if (backend_ != kBackendNetfilter) {
@@ -478,10 +486,15 @@ Napi::Object Tracer::StatsObject(Napi::Env env) {
   for (const ProgramInfo& p : LoadedPrograms(skel_->obj)) runs_skipped += p.info.recursion_misses;
   out.Set("hookRunsSkipped", Napi::Number::New(env, (double)runs_skipped));
   out.Set("activeFlows", Napi::Number::New(env, (double)skel_->bss->svt_active_flows));
+  out.Set("staleDestroysOwed", Napi::Number::New(env, (double)skel_->bss->svt_stale_owed));
   out.Set("ctDestroyEvents", Napi::Number::New(env, (double)ct_events));
   // Destroy messages the listeners read, of any service: with their kernel
   // filters, only traced services' entries' (ct_filter.h).
   out.Set("ctDestroysRead", Napi::Number::New(env, (double)ct_read));
+  // Destroys handled with the kernel's help (svt_destroy_find/forget).
+  bool destroy_programs = destroy_programs_;
+  for (auto& l : ct_listeners_) destroy_programs &= l->destroy_programs_ran();
+  out.Set("ctDestroyPrograms", Napi::Boolean::New(env, destroy_programs));
   out.Set("packetsMissedByHooks", Napi::Number::New(env, (double)packets_missed));
   uint64_t nft_events = 0, nft_overruns = 0;
   for (auto& l : nft_listeners_) {

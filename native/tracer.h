@@ -61,6 +61,7 @@ class Tracer : public Napi::ObjectWrap<Tracer> {
   // functions) or kBackendKprobe (kprobe/kretprobe on the same functions);
   // the global ones filter by namespace in the kernel (svt_netns_inos).
   enum Backend { kBackendNetfilter, kBackendFentry, kBackendKprobe } backend_ = kBackendNetfilter;
+  bool destroy_programs_ = false;  // svt_destroy_find/forget loaded (Linux 5.14+)
   int global_links_ = 0;  // the fentry/kprobe backend's attachments (all namespaces)
   size_t netns_count_ = 0;
   DropReasonInfo drop_reasons_;

@@ -89,6 +89,12 @@ export interface NativeStats {
   backend: Backend;
   /** Tracked flows the kernel believes alive (a hint: may over-count). */
   activeFlows: number;
+  /**
+   * Conntrack destroys still to come for entries a new entry with the same
+   * tuple replaced (a client reusing its port): each is taken off when it
+   * comes, and its destroy is not told again. A hint: may over-count.
+   */
+  staleDestroysOwed: number;
   ctDestroyEvents: number;
   /**
    * Conntrack destroy messages the listeners read, traced or not. A socket
@@ -96,6 +102,12 @@ export interface NativeStats {
    * destroys of other connections on the node cost svctrace no read.
    */
   ctDestroysRead: number;
+  /**
+   * A destroy's map lookups and deletes run as two BPF programs
+   * (BPF_PROG_TYPE_SYSCALL, Linux 5.14+), one syscall each, instead of five
+   * map syscalls on the conntrack listener's thread.
+   */
+  ctDestroyPrograms: boolean;
   /**
    * Packets of destroyed entries that conntrack's accounting counted and the
    * counting hook did not (a kprobe program skipped while the CPU ran

@@ -13,6 +13,7 @@
 import { after, before, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
+import os from 'node:os';
 import { kernelTest, IS_ROOT, sleep } from '../helpers/kernel';
 import { FlowLog, TIME_SCALE, waitFor } from '../helpers/flows';
 import { curlEach, reapUntil } from '../helpers/lab-traffic';
@@ -161,6 +162,10 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
         assert.equal(finals[0]?.counters?.reason, proto === 'tcp' ? 'ended' : 'closed', `${proto}: whose final counters`);
       }
       assert.ok(flowOf(tcpPort)!.packets[0] > 150, 'a request per packet at least');
+      // Both ends were handled by the destroy programs (one syscall each
+      // side of the take) wherever the kernel has their type (Linux 5.14).
+      const [major, minor] = os.release().split('.').map(Number) as [number, number];
+      assert.equal(p.stats().ctDestroyPrograms, major > 5 || (major === 5 && minor >= 14), `the destroy programs are used on ${os.release()} when the kernel has BPF_PROG_TYPE_SYSCALL`);
     } finally {
       ct.stop();
       await p.stop();
@@ -363,6 +368,12 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
       assert.equal(late.length, 0, `no device crossing of the first connection after its end; it was told: ${told(first)}`);
       assert.ok(log.eventsOf(second).some((e) => e.kind === pb.EventKind.EVENT_KIND_DEV_XMIT && e.tcpFlags === 'SYN'), 'the second connection\'s SYN crossings after conntrack are its own');
       assert.equal(p.flows.summary().orphanEvents, 0, 'no event without its flow');
+      // Conntrack ended the first entry when the second came (its destroy
+      // then is owed, as the new entry took its tuple): once read, it is
+      // taken off the count, and the second entry, alive, stays registered.
+      assert.ok(await waitFor(() => p.stats().ctDestroysRead >= 1, 5000 * TIME_SCALE), `the first entry's destroy was read (${JSON.stringify(p.stats())})`);
+      assert.ok(await waitFor(() => p.stats().staleDestroysOwed === 0, 2000 * TIME_SCALE), `no destroy owed once the first one's was read: ${p.stats().staleDestroysOwed}`);
+      assert.ok(p.stats().activeFlows >= 1, `the second connection's entry is still tracked (${p.stats().activeFlows} active)`);
     } finally {
       await p.stop();
       await runIn(lab.nodeNetns, ['sysctl', '-qw', 'net.netfilter.nf_conntrack_tcp_timeout_time_wait=2']);
