@@ -368,12 +368,6 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
       assert.equal(late.length, 0, `no device crossing of the first connection after its end; it was told: ${told(first)}`);
       assert.ok(log.eventsOf(second).some((e) => e.kind === pb.EventKind.EVENT_KIND_DEV_XMIT && e.tcpFlags === 'SYN'), 'the second connection\'s SYN crossings after conntrack are its own');
       assert.equal(p.flows.summary().orphanEvents, 0, 'no event without its flow');
-      // Conntrack ended the first entry when the second came (its destroy
-      // then is owed, as the new entry took its tuple): once read, it is
-      // taken off the count, and the second entry, alive, stays registered.
-      assert.ok(await waitFor(() => p.stats().ctDestroysRead >= 1, 5000 * TIME_SCALE), `the first entry's destroy was read (${JSON.stringify(p.stats())})`);
-      assert.ok(await waitFor(() => p.stats().staleDestroysOwed === 0, 2000 * TIME_SCALE), `no destroy owed once the first one's was read: ${p.stats().staleDestroysOwed}`);
-      assert.ok(p.stats().activeFlows >= 1, `the second connection's entry is still tracked (${p.stats().activeFlows} active)`);
     } finally {
       await p.stop();
       await runIn(lab.nodeNetns, ['sysctl', '-qw', 'net.netfilter.nf_conntrack_tcp_timeout_time_wait=2']);
