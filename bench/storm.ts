@@ -33,8 +33,12 @@ export interface ServeProc {
   crash(): string | undefined;
 }
 
-/** Starts `serve` tracing the web ClusterIP; resolves once it streams (deadline 15 s). */
-export async function startServe(lab: Lab): Promise<ServeProc> {
+/**
+ * Starts `serve` tracing the web ClusterIP; resolves once it streams, within
+ * `startMs` (a test in an emulated guest passes its scaled deadline: there
+ * loading and attaching took longer than 15 s).
+ */
+export async function startServe(lab: Lab, startMs = 15_000): Promise<ServeProc> {
   const { flags } = shebang();
   const child = spawn(process.execPath, [...flags, CLI, 'serve', '--netns', lab.nodeNetns, '--service', '10.96.0.100:80', '--listen', '127.0.0.1:0'], {
     stdio: ['ignore', 'ignore', 'pipe'],
@@ -48,11 +52,11 @@ export async function startServe(lab: Lab): Promise<ServeProc> {
     crash: () => (proc.exit ? crashReason(proc.exit.code, proc.exit.signal, err) : undefined),
   };
   child.once('exit', (code, signal) => (proc.exit = { code, signal }));
-  const up = await waitUntil(() => /streaming at (ws:\S+) /.test(err) || proc.exit !== undefined, 15_000, 20);
+  const up = await waitUntil(() => /streaming at (ws:\S+) /.test(err) || proc.exit !== undefined, startMs, 20);
   const url = /streaming at (ws:\S+) /.exec(err)?.[1];
   if (!up || !url) {
     if (!proc.exit) child.kill('SIGKILL');
-    throw new Error(`serve did not start: ${err.trim() || '(no output)'}`);
+    throw new Error(`serve did not start within ${startMs / 1000} s: ${err.trim() || '(no output)'}`);
   }
   proc.url = url;
   return proc;

@@ -16,6 +16,7 @@ import { Lab } from '../../src/lab/lab';
 import fs from 'node:fs';
 import { parseWrk } from '../../bench/datapath';
 import { flowAccount, neverReadingClient, parseServeSummary, ServeProc, shebang, startServe, startStorm, stopServe } from '../../bench/storm';
+import { TIME_SCALE } from '../helpers/flows';
 
 const STORM_SECONDS = 20;
 /**
@@ -62,7 +63,7 @@ describe('storm (kernel)', () => {
       assert.ok(maxOldSpaceMB, 'the #! line of bin/svctrace.js sets --max-old-space-size');
       const boundMB = maxOldSpaceMB + RSS_MARGIN_MB;
 
-      serve = await startServe(lab);
+      serve = await startServe(lab, 15_000 * TIME_SCALE);
       const s = serve;
       slow = await neverReadingClient(s.url);
       const servedBefore = lab.served.length;
@@ -89,7 +90,7 @@ describe('storm (kernel)', () => {
       await new Promise((r) => setTimeout(r, 2500));
       const served = lab.served.length - servedBefore;
       slow.terminate();
-      const stop = await stopServe(s);
+      const stop = await stopServe(s, 15_000 * TIME_SCALE);
       assert.ok(stop.clean, `serve did not exit cleanly on SIGINT (${stop.why}):\n${tail()}`);
       assert.equal(stop.code, 0, tail());
       const sum = parseServeSummary(stop.stderr);
