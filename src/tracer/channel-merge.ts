@@ -43,6 +43,20 @@ export class ChannelMerge {
     this.release(false, nowMs);
   }
 
+  /**
+   * Records made now from the kernel's state map (the idle sweep's final
+   * counters, a snapshot): emitted at once, and they say nothing of how far
+   * the ring has delivered. Stamped with the time they were read, they
+   * raised the ring's time to now while the ring was still behind, and
+   * with it everything that waits for the ring: held netlink batches were
+   * let go out of order, and flows and rule traces that wait for their
+   * events (deliveredThrough) stopped waiting.
+   */
+  state(b: DecodedBatch, nowMs = Date.now()): void {
+    this.emit(b);
+    this.release(false, nowMs);
+  }
+
   netlink(b: DecodedBatch, nowMs = Date.now()): void {
     this.held.push({ batch: b, maxTs: maxTs(b), atMs: nowMs });
     this.release(false, nowMs);

@@ -25,6 +25,9 @@ export type TracerStats = NativeStats & { batchCallbacks: number; decodeErrors: 
 
 /** Tracers still open; closed on process exit so links never outlive us by accident. */
 const openTracers = new Set<Tracer>();
+
+/** deliver()'s channel for records the addon read from the flow-state map on request (idle sweep, snapshot): not a native one, and not the ring's order (ChannelMerge.state). */
+const STATE_MAP = -1;
 let exitHookInstalled = false;
 
 function installExitHook(): void {
@@ -230,6 +233,7 @@ export class Tracer {
       return;
     }
     if (channel === Channel.NETLINK) this.merge?.netlink(batch);
+    else if (channel === STATE_MAP) this.merge?.state(batch);
     else this.merge?.ring(batch);
   }
 
@@ -260,7 +264,7 @@ export class Tracer {
    */
   expireIdleFlows(idleMs: number): number {
     const buf = this.n.expireFlowState(idleMs);
-    if (buf.byteLength) this.deliver(buf, Channel.RING, buf.byteLength / FLOW_STATS.size);
+    if (buf.byteLength) this.deliver(buf, STATE_MAP, buf.byteLength / FLOW_STATS.size);
     return buf.byteLength / FLOW_STATS.size;
   }
 
@@ -281,7 +285,7 @@ export class Tracer {
   /** Delivers every tracked flow's counters as they are now (like periodic records). */
   refreshCounters(): void {
     const buf = this.n.snapshotFlowState();
-    if (buf.byteLength) this.deliver(buf, Channel.RING, buf.byteLength / FLOW_STATS.size);
+    if (buf.byteLength) this.deliver(buf, STATE_MAP, buf.byteLength / FLOW_STATS.size);
   }
 
   /**

@@ -37,6 +37,18 @@ describe('ChannelMerge: a flow\'s end never overtakes its start', () => {
     assert.deepEqual(out, ['a', 'b', 'c'], 'at most maxHeld wait');
     assert.equal(m.holding, 2);
   });
+
+  it("records read from the state map now (sweep, snapshot) go at once and do not move the ring's time", () => {
+    const out: string[] = [];
+    const m = new ChannelMerge((b) => out.push((b as { name: string } & DecodedBatch).name), 500);
+    m.ring(batch('ring', 100n), 0);
+    m.netlink(batch('destroy', 200n), 1);
+    m.state(batch('sweep', 5_000n), 2);
+    assert.deepEqual(out, ['ring', 'sweep'], 'the sweep went; the destroy still waits for the ring');
+    assert.equal(m.ringTime, 100n, "the ring's time is still its own");
+    m.ring(batch('ring-late', 300n), 3);
+    assert.deepEqual(out, ['ring', 'sweep', 'ring-late', 'destroy']);
+  });
 });
 
 describe('losses per stage', () => {
