@@ -66,7 +66,8 @@ export function flowLine(f: Flow, backendName: (addr: string) => string | undefi
 }
 
 export class FlowTextPrinter {
-  private readonly headerPrinted = new Set<number>();
+  /** Flows whose header line went out: weak, so that a flow gone from the table is gone from here too (a Set of ids grew by one per detailed flow for as long as a trace ran). */
+  private readonly headerPrinted = new WeakSet<Flow>();
 
   constructor(
     private readonly write: (s: string) => void,
@@ -85,8 +86,8 @@ export class FlowTextPrinter {
       const { flow, entry } = item;
       if (!entry.milestone) continue;
       const event = item.event; // made only for what is printed
-      if (!this.headerPrinted.has(flow.id)) {
-        this.headerPrinted.add(flow.id);
+      if (!this.headerPrinted.has(flow)) {
+        this.headerPrinted.add(flow);
         lines.push(this.paint('1', `[flow ${flow.id}] ${PROTO_NAMES[flow.proto] ?? flow.proto} ${flow.orig.saddr}:${flow.orig.sport} -> ${flow.orig.daddr}:${flow.orig.dport} (service ${flow.service})`));
       }
       const rel = (Number(entry.tsNs - flow.firstTsNs) / 1e6).toFixed(3);
