@@ -44,12 +44,14 @@ export class SinkSet {
       try {
         s.expired?.(flows);
       } catch (e) {
+        // Its flow lines and end-of-flow counts: each flow one record lost.
+        this.lost += flows.length;
         this.failed(s, 'expired', e);
       }
     }
   }
 
-  /** Events an output failed on, once per output that failed (stage internal_error). */
+  /** Events (and expired flows) an output failed on, once per output that failed (stage internal_error). */
   get lostEvents(): number {
     return this.lost;
   }

@@ -8,7 +8,7 @@ import { fromNativeError, SvctraceError } from '../errors';
 import { decodeBatch, decodeRuleTraces, DecodedBatch, RuleTrace } from '../events/decode';
 import { parseIPv4, ServiceSpec } from '../net/ipv4';
 import { loadBinding, LoadedProgram, NativeFeatures, NativeStats, NativeTracer } from '../native/binding';
-import { Channel, FLOW_STATS } from '../events/layout';
+import { Channel, FLOW_STATS, NFTRACE } from '../events/layout';
 import { ChannelMerge } from './channel-merge';
 import { guardBatchHandler } from './losses';
 import { resolveNetns } from '../netns/netns';
@@ -314,9 +314,21 @@ export class Tracer {
     const report = onError ?? ((e: unknown) => process.stderr.write(`svctrace: ${String(e)}\n`));
     try {
       this.n.traceRules(path, (buf) => {
+        // A batch that fails is lost whole, and counted like the ring's
+        // (undecodable, internal_error), never only reported.
+        let traces: RuleTrace[];
         try {
-          onTraces(decodeRuleTraces(buf));
+          traces = decodeRuleTraces(buf);
         } catch (e) {
+          this.decodeErrors++;
+          this.undecodedRecords += Math.ceil(buf.byteLength / NFTRACE.size);
+          report(e);
+          return;
+        }
+        try {
+          onTraces(traces);
+        } catch (e) {
+          this.unhandledRecords += traces.length;
           report(e);
         }
       });
