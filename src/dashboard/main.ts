@@ -201,7 +201,9 @@ function renderHealth(): void {
   $('h-received').textContent = String(store.eventsReceived);
   const byStage = store.lossesByStage();
   $('h-lost').textContent = s ? `${String(s.kernelLost ?? 0)}${byStage ? ` (${byStage})` : ''}` : '—';
-  $('h-dropped').textContent = s ? String(s.dropped ?? 0) : '—';
+  // Events and flow updates this tab missed by reading too slowly (a flow's next update repairs its row).
+  const flowUpdatesMissed = Number(s?.flowUpdatesDropped ?? 0);
+  $('h-dropped').textContent = s ? `${String(s.dropped ?? 0)}${flowUpdatesMissed ? ` (+${flowUpdatesMissed} flow updates)` : ''}` : '—';
   const drops = Object.entries(s?.dropsByReason ?? {});
   $('h-drops').textContent = drops.length ? drops.map(([r, n]) => `${r}=${String(n)}`).join(' ') : 'none';
   $('diagnoses').innerHTML = store.diagnoses

@@ -33,6 +33,8 @@ export class ClientConn {
   paused = false;
   sent = 0;
   dropped = 0;
+  /** Flow updates this client missed because it read too slowly (skipped above the high-water mark; a flow's next update carries its whole state again). */
+  flowUpdatesDropped = 0;
   /** Ranges of encoded batches this client took, not yet framed, and how many events they hold. */
   private pending: Uint8Array[] = [];
   private pendingEvents = 0;
@@ -77,14 +79,17 @@ export class ClientConn {
 
   /**
    * Sends a control frame now (ahead of queued events): hello, status, flow
-   * updates, errors. Skipped for a client above the high-water mark (the next
-   * status carries the news), except errors, so a stuck client cannot grow
-   * the send buffer.
+   * updates, diagnoses, errors. Skipped for a client above the high-water
+   * mark, so a stuck client cannot grow the send buffer, unless `always`
+   * (errors and diagnoses: few, and news no later frame repeats). True when
+   * sent; the caller counts what a skip cost (a status costs nothing: the
+   * next one says it all again).
    */
-  sendControl(bytes: Uint8Array, always = false): void {
-    if (this.closed || this.ws.readyState !== WebSocket.OPEN) return;
-    if (!always && this.ws.bufferedAmount >= this.limits.highWaterBytes) return;
+  sendControl(bytes: Uint8Array, always = false): boolean {
+    if (this.closed || this.ws.readyState !== WebSocket.OPEN) return false;
+    if (!always && this.ws.bufferedAmount >= this.limits.highWaterBytes) return false;
     this.ws.send(bytes, { binary: true });
+    return true;
   }
 
   private onMessage(data: Buffer, isBinary: boolean): void {

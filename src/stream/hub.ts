@@ -138,6 +138,7 @@ export class Hub {
       kernelLost: this.source.kernelLost(),
       sent: c.sent,
       dropped: c.dropped,
+      flowUpdatesDropped: c.flowUpdatesDropped,
       paused: c.paused,
       clients: this.clients.size,
       dropsByReason: this.source.dropsByReason(),
@@ -161,14 +162,18 @@ export class Hub {
     const changed = this.source.takeChangedFlows?.(wanting.length > 0) ?? [];
     if (!changed.length) return;
     const frame = serverFrame({ flows: { flows: changed } });
-    for (const c of wanting) c.sendControl(frame);
+    for (const c of wanting) if (!c.sendControl(frame)) c.flowUpdatesDropped += changed.length;
   }
 
-  /** Sends diagnoses (classic failures seen live) to every client. */
+  /**
+   * Sends diagnoses (classic failures seen live) to every client, a slow
+   * one too: a verdict is repeated only a minute later, and only if it
+   * still holds; they are few, so they cannot fill a send buffer.
+   */
   broadcastDiagnoses(ds: pb.IDiagnosis[]): void {
     for (const d of ds) {
       const frame = serverFrame({ diagnosis: d });
-      for (const c of this.clients) c.sendControl(frame);
+      for (const c of this.clients) c.sendControl(frame, true);
     }
   }
 

@@ -9,6 +9,8 @@ import crypto from 'node:crypto';
 import fs from 'node:fs';
 import net from 'node:net';
 import WebSocket from 'ws';
+import { EventEmitter } from 'node:events';
+import { Hub } from '../../src/stream/hub';
 import { StreamServer } from '../../src/stream/server';
 import { eventsFrame, encodeEvents, frameMemory, serverFrame } from '../../src/stream/frames';
 import { SvctraceError } from '../../src/errors';
@@ -348,6 +350,38 @@ describe('stream server over TLS', () => {
     } finally {
       await server.close();
       fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('hub: a client reading too slowly for control frames', () => {
+  it('misses flow updates, counted in its Status; diagnoses still reach it', async () => {
+    const flows: pb.IFlow[] = [{ id: 1 }, { id: 2 }];
+    const hub = new Hub({ ...syntheticSource(), takeChangedFlows: (wanted) => (wanted ? flows : []) }, { flowsEveryMs: 10, statusEveryMs: 60_000 });
+    const got: pb.ServerMessage[] = [];
+    const ws = Object.assign(new EventEmitter(), {
+      readyState: WebSocket.OPEN,
+      bufferedAmount: 0,
+      send: (b: Uint8Array) => void got.push(pb.ServerMessage.decode(b)),
+      close: () => undefined,
+    });
+    try {
+      const c = hub.add(ws as unknown as WebSocket, 'test');
+      assert.ok(c);
+      ws.emit('message', Buffer.from(pb.ClientMessage.encode({ subscribe: { flows: true } }).finish()), true);
+      assert.ok(await waitFor(() => got.some((m) => m.flows), 2000), 'flow updates reach a client that reads');
+      ws.bufferedAmount = hub.limits.highWaterBytes; // its send buffer at the mark: it reads too slowly
+      const before = got.length;
+      assert.ok(await waitFor(() => c.flowUpdatesDropped >= 4, 2000), `flow updates skipped and counted (${c.flowUpdatesDropped})`);
+      assert.equal(got.slice(before).filter((m) => m.flows).length, 0, 'none sent above the mark');
+      hub.broadcastDiagnoses([{ code: 'NO_ENDPOINTS', service: '10.96.0.100:80/tcp', summary: 'x' }]);
+      assert.ok(got.slice(before).some((m) => m.diagnosis?.code === 'NO_ENDPOINTS'), 'a diagnosis goes out above the mark');
+      ws.bufferedAmount = 0;
+      hub.sendStatus();
+      const status = got.filter((m) => m.status).at(-1)?.status;
+      assert.ok(status && Number(status.flowUpdatesDropped) >= 4, `Status tells the client what it missed: ${JSON.stringify(status)}`);
+    } finally {
+      hub.close();
     }
   });
 });
