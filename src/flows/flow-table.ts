@@ -41,7 +41,7 @@ export class FlowTable implements FlowTableView {
   /** deliveredThrough, read at most once per ingested batch. */
   private deliveredThroughNow?: bigint;
   private readonly dropReasons: Record<string, string>;
-  private readonly summaryCounters: FlowSummary = { flows: 0, closed: 0, perBackend: {}, dropsByReason: {}, dropFlowsByReason: {}, resets: 0, evicted: 0, lateCounters: 0, orphanEvents: 0, ruleTracesNotKept: 0, countedOnly: 0 };
+  private readonly summaryCounters: FlowSummary = { flows: 0, closed: 0, perBackend: {}, dropsByReason: {}, dropFlowsByReason: {}, packetsDropped: 0, resets: 0, evicted: 0, lateCounters: 0, orphanEvents: 0, ruleTracesNotKept: 0, countedOnly: 0 };
   /** Rule traces that were waiting for a flow, emitted right after its first event. */
   private readonly deferred: Ingested[] = [];
   /** Flows of entries older than the one at their address, made from their late records (see olderEntryFlow). */
@@ -206,6 +206,9 @@ export class FlowTable implements FlowTableView {
     // The record's own pairs (made for it, never changed after): no copy.
     f.packets = r.packets;
     f.bytes = r.bytes;
+    // The kernel counts every drop of the flow and reports a run of drops at
+    // one place once: its counter is the packets' number.
+    if (r.drops > f.kernelDrops) this.summaryCounters.packetsDropped += r.drops - f.kernelDrops;
     f.kernelDrops = r.drops;
     f.synsResent = r.synsResent;
     if (r.lastNs > f.lastTsNs) f.lastTsNs = r.lastNs;

@@ -114,3 +114,8 @@ export function itemDirection(item: Ingested): pb.Direction {
 export function itemTcpState(item: Ingested): string | undefined {
   return (unmade(item) ? protoTcpState(item.record) : item.event.conntrack?.tcpState) ?? undefined;
 }
+
+/** The flow's kernel drop counter, on a counter record's item (every drop, repeats included); undefined on others. */
+export function itemKernelDrops(item: Ingested): number | undefined {
+  return item instanceof StatsIngested ? item.record.drops : undefined;
+}

@@ -126,8 +126,14 @@ export interface FlowSummary {
   /** Flows whose connection ended: conntrack destroyed the entry, or TCP reached TIME_WAIT/CLOSE. */
   closed: number;
   perBackend: Record<string, number>;
-  /** Dropped packets reported, per reason (every retry counts). */
+  /**
+   * Drops reported, per reason: every drop event. A flow's repeated drops at
+   * one place (a SYN the client resends into the same DROP rule) are
+   * reported once, unless --all-packets; packetsDropped counts them all.
+   */
   dropsByReason: Record<string, number>;
+  /** Packets of traced flows the kernel dropped, repeats included: the sum of the flows' kernel drop counters (their counter records). */
+  packetsDropped: number;
   /** Flows with at least one drop of that reason (what the timelines show once each). */
   dropFlowsByReason: Record<string, number>;
   resets: number;

@@ -13,7 +13,7 @@
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { svctrace } from '../gen/svctrace';
 import type { Flow, Ingested } from '../flows/types';
-import { itemApiNames, itemBackend, itemDirection, itemTcpState } from '../flows/ingested';
+import { itemApiNames, itemBackend, itemDirection, itemKernelDrops, itemTcpState } from '../flows/ingested';
 import { SeriesCap } from './series-cap';
 
 import pb = svctrace.v1;
@@ -48,6 +48,7 @@ interface FlowMarks {
   masqueraded: boolean;
   reset: boolean;
   icmpErrors: number;
+  /** The flow's kernel drop counter as last added to svctrace_dropped_packets_total. */
   drops: number;
   dnatNs?: bigint;
   replied: boolean;
@@ -68,6 +69,7 @@ export class ServiceMetrics {
   private readonly connections: Counter<string>;
   private readonly masqueraded: Counter<string>;
   private readonly drops: Counter<string>;
+  private readonly droppedPackets: Counter<string>;
   private readonly errors: Counter<string>;
   private readonly unanswered: Counter<string>;
   private readonly setup: Histogram<string>;
@@ -96,8 +98,14 @@ export class ServiceMetrics {
     });
     this.drops = new Counter({
       name: 'svctrace_drops_total',
-      help: 'Packets of traced connections the kernel dropped, by drop reason (normal ends of a packet life excluded).',
+      help: 'Drops of traced connections the kernel reported, by drop reason (normal ends of a packet life excluded): a connection\'s repeated drops at one place are reported once, unless --all-packets (svctrace_dropped_packets_total counts every packet).',
       labelNames: ['service', 'reason'],
+      registers,
+    });
+    this.droppedPackets = new Counter({
+      name: 'svctrace_dropped_packets_total',
+      help: 'Packets of traced connections the kernel dropped, repeats included: the kernel\'s per-connection drop counters.',
+      labelNames: ['service'],
       registers,
     });
     this.errors = new Counter({
@@ -219,6 +227,12 @@ export class ServiceMetrics {
         this.inc(this.errors, 'svctrace_connection_errors_total', [service, 'reset']);
       }
       for (; m.icmpErrors < flow.icmpErrors.length; m.icmpErrors++) this.inc(this.errors, 'svctrace_connection_errors_total', [service, 'icmp']);
+      // A counter record: the packets dropped since the flow's last one.
+      const kernelDrops = itemKernelDrops(item);
+      if (kernelDrops !== undefined && kernelDrops > m.drops) {
+        this.inc(this.droppedPackets, 'svctrace_dropped_packets_total', [service], kernelDrops - m.drops);
+        m.drops = kernelDrops;
+      }
       // An item's entry has its event's stage: only drops' events are made here.
       if (entry.stage === pb.Stage.STAGE_DROP) {
         const event = item.event;
@@ -257,9 +271,9 @@ export class ServiceMetrics {
     this.conntrack.set(netns, { entries, limit });
   }
 
-  private inc(c: Counter<string>, family: string, labels: string[]): boolean {
+  private inc(c: Counter<string>, family: string, labels: string[], by = 1): boolean {
     if (!this.cap.allow(family, labels)) return false;
-    c.labels(...labels).inc();
+    c.labels(...labels).inc(by);
     return true;
   }
 

@@ -129,11 +129,15 @@ export function formatSummary(s: FlowSummary, stats: TracerStats, backendName: (
       lines.push(`    ${b.padEnd(22)} ${String(n).padStart(6)}${name ? `  ${name}` : ''}`);
     }
   }
-  // Packets (retries included) and the flows they belong to: a flow's
-  // timeline shows its first drop of a reason once.
+  // Drops reported and the flows they belong to (a flow's timeline shows
+  // its first drop of a reason once); then the kernel's count of the
+  // packets, which also holds the repeats it reported once (a SYN resent
+  // into the same DROP rule), unless --all-packets.
   const drops = Object.entries(s.dropsByReason);
   const flowsOf = (r: string) => s.dropFlowsByReason?.[r] ?? 0;
-  lines.push(drops.length ? `  drops by reason: ${drops.map(([r, n]) => `${r}=${n} packets in ${flowsOf(r)} flow${flowsOf(r) === 1 ? '' : 's'}`).join(', ')}` : '  drops: none');
+  const packets = s.packetsDropped ?? 0;
+  const packetsText = packets ? `; ${packets} packet${packets === 1 ? '' : 's'} dropped in all (the kernel's count, repeats included)` : '';
+  lines.push(drops.length ? `  drops by reason: ${drops.map(([r, n]) => `${r}=${n} in ${flowsOf(r)} flow${flowsOf(r) === 1 ? '' : 's'}`).join(', ')}${packetsText}` : packets ? `  drops:${packetsText.slice(1)}` : '  drops: none');
   const losses = lossesByStage ?? { ...kernelLosses(stats), flow_table: flowTableLost(s) };
   const lost = totalLost(losses);
   lines.push(

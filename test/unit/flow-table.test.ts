@@ -307,7 +307,7 @@ describe('FlowTable', () => {
     const s = t.summary();
     assert.deepEqual(s.dropsByReason, { NETFILTER_DROP: 3 });
     assert.deepEqual(s.dropFlowsByReason, { NETFILTER_DROP: 1 });
-    assert.match(formatSummary(s, { recordsRead: 0, ctDestroyEvents: 0, packetsCounted: 0 } as never), /NETFILTER_DROP=3 packets in 1 flow(,|$|\n)/);
+    assert.match(formatSummary(s, { recordsRead: 0, ctDestroyEvents: 0, packetsCounted: 0 } as never), /NETFILTER_DROP=3 in 1 flow(,|;|$|\n)/);
     // Another connection ends: TIME_WAIT, its conntrack entry still there.
     const o2 = { ...orig, sport: 40001 };
     t.ingest([ev({ tsNs: 10n, ctId: 'ffff2', ctOrig: o2, pkt: o2, ctStatus: IPS_CONFIRMED, ctTcpState: 7 })]);
@@ -321,6 +321,23 @@ describe('FlowTable', () => {
     const [withError] = t2.ingest([ev({ tsNs: 1n }), ev({ tsNs: 2n, dir: Dir.REPLY, pkt: { saddr: '10.244.1.1', daddr: '10.244.1.1', sport: 0, dport: 0, proto: 1 }, icmpType: 3, icmpCode: 3 })]);
     const [other] = t2.ingest([ev({ tsNs: 3n, ctId: 'ffff3', ctOrig: { ...orig, sport: 40003 }, pkt: { ...orig, sport: 40003 } })]);
     assert.deepEqual([withError!.flow.icmpErrors.length, other!.flow.icmpErrors, first!.icmpErrors], [1, [], []]);
+  });
+
+  it("counts the packets a flow's counters say were dropped, repeats reported once included, each once", () => {
+    const t = table();
+    // A SYN dropped by a rule and resent six times into it: one drop event, the kernel counts seven.
+    t.ingest([ev({ tsNs: 1n }), ev({ tsNs: 2n, kind: EventKind.DROP, reason: 12 })]);
+    t.ingest([], [stats({ tsNs: 600n, drops: 3 })]);
+    t.ingest([], [stats({ tsNs: 700n, drops: 7 })]);
+    t.ingest([], [stats({ tsNs: 800n, drops: 7, reason: StatsReason.CLOSED })]);
+    const s = t.summary();
+    assert.deepEqual(s.dropsByReason, { NETFILTER_DROP: 1 }, 'reported once');
+    assert.equal(s.packetsDropped, 7, 'each packet once, however many records repeat the count');
+    assert.match(formatSummary(s, { recordsRead: 0, ctDestroyEvents: 0, packetsCounted: 0 } as never), /drops by reason: NETFILTER_DROP=1 in 1 flow; 7 packets dropped in all \(the kernel's count, repeats included\)/);
+    // A counted-only connection known by its end alone: its drops count too.
+    const o2 = { ...orig, sport: 40002 };
+    t.ingest([], [stats({ ctId: 'ffff2', orig: o2, drops: 2, countedOnly: true, delivered: false, reason: StatsReason.ENDED })]);
+    assert.equal(t.summary().packetsDropped, 9);
   });
 
   it('a flow\'s drops stay one entry per reason however many packets (--all-packets reports each): memory bounded by the flows, the count kept', () => {

@@ -14,12 +14,12 @@ import { serverRegistry } from '../../src/stream/metrics';
 import { syntheticSource } from '../helpers/stream';
 import { FlowTable } from '../../src/flows/flow-table';
 import type { Tuple } from '../../src/events/decode';
-import { Dir, EventKind, NfStage } from '../../src/events/layout';
+import { Dir, EventKind, NfStage, StatsReason } from '../../src/events/layout';
 import { IPS_ASSURED, IPS_CONFIRMED, IPS_DST_NAT, IPS_SEEN_REPLY, IPS_SRC_NAT } from '../../src/events/conntrack';
 import { parseServiceSpec } from '../../src/net/ipv4';
 import { ServiceMetrics } from '../../src/metrics/service-metrics';
 import { parseConntrackUse, netnsLabel } from '../../src/metrics/conntrack-use';
-import { ev, orig, reply } from '../helpers/kernel-events';
+import { ctKeyOf, ev, orig, reply } from '../helpers/kernel-events';
 
 const SVC = '10.96.0.100:80/tcp';
 
@@ -107,6 +107,23 @@ describe('ServiceMetrics', () => {
     assert.equal(s.get(`svctrace_drops_total{service="${SVC}",reason="QUEUE_PURGE"}`), undefined, 'a normal end of a packet is not a drop');
     assert.equal(s.get(`svctrace_masqueraded_connections_total{service="${SVC}"}`), 1);
     assert.equal(s.get(`svctrace_unanswered_connections_total{service="${SVC}",backend="10.244.1.14:8080"}`), 1);
+  });
+
+  it("counts dropped packets from the flows' kernel counters, each once, repeats reported once included", async () => {
+    const t = table();
+    const m = new ServiceMetrics({ node: 'n1' });
+    const ctId = 'ffff9';
+    // One drop event; the kernel counted six drops (the client resent its SYN into the rule).
+    m.observe(t.ingest([ev({ ctId, tsNs: 10n }), ev({ ctId, tsNs: 20n, kind: EventKind.DROP, reason: 12 })]));
+    const record = (drops: number, tsNs: bigint) => ({
+      tsNs, ctId, ctKey: ctKeyOf(ctId), reason: StatsReason.PERIODIC, packets: [6, 0] as [number, number], bytes: [360, 0] as [number, number], drops, firstNs: 10n, lastNs: tsNs,
+      orig, serviceId: 1, netnsIno: 111, tcpFlags: [2, 0] as [number, number], delivered: true, ctBirth: 0, reply: { saddr: '0.0.0.0', daddr: '0.0.0.0', sport: 0, dport: 0, proto: 0 }, countedOnly: false, tcpState: 1, endSent: false, synsResent: 0,
+    });
+    m.observe(t.ingest([], [record(4, 100n)]));
+    m.observe(t.ingest([], [record(6, 200n), record(6, 300n)]));
+    const s = await series(m);
+    assert.equal(s.get(`svctrace_drops_total{service="${SVC}",reason="NETFILTER_DROP"}`), 1, 'reported once');
+    assert.equal(s.get(`svctrace_dropped_packets_total{service="${SVC}"}`), 6);
   });
 
   it('refuses series past the cap and counts what it refused', async () => {
