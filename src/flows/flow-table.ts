@@ -566,7 +566,9 @@ export class FlowTable implements FlowTableView {
     f.closedTsNs = e.tsNs;
     this.summaryCounters.closed++;
     this.retired.push(f);
-    if (this.olderEntries.size >= OLDER_ENTRIES_MAX) this.olderEntries.clear();
+    // The oldest one goes (a Map keeps insertion order): clearing them all
+    // at once made the next event of each a second flow of its entry.
+    if (this.olderEntries.size >= OLDER_ENTRIES_MAX) this.olderEntries.delete(this.olderEntries.keys().next().value!);
     this.olderEntries.set(id, f);
     return f;
   }

@@ -490,6 +490,21 @@ describe('FlowTable', () => {
     assert.equal(t.summary().flows, 2, 'two connections, two flows');
   });
 
+  it('older entries remembered past their cap: the oldest goes, the recent ones keep their flows', () => {
+    const t = new FlowTable({ services: [parseServiceSpec('10.96.0.100:80')], closeGraceMs: 1000, deliveredThrough: () => 50n });
+    const n = 1025; // one past the cap
+    const ctIdOf = (i: number) => `ffff${(0x10000 + i).toString(16)}`;
+    for (let i = 0; i < n; i++) {
+      const ctId = ctIdOf(i);
+      t.ingest([], [stats({ ctId, reason: StatsReason.CLOSED, firstNs: 400n, lastNs: 450n, tsNs: 460n, packets: [5, 5] })]);
+      t.ingest([ev({ ctId, tsNs: 100n, ctBirth: 101 })]);
+    }
+    assert.equal(t.summary().flows, 2 * n);
+    // A later record of a recent older entry finds its flow: no second flow of it.
+    t.ingest([ev({ ctId: ctIdOf(n - 2), tsNs: 120n, ctBirth: 101, nfStage: NfStage.AFTER_NAT, nfPriority: -99, ctStatus: IPS_DST_NAT })]);
+    assert.equal(t.summary().flows, 2 * n, 'one flow per entry');
+  });
+
   it('a connection whose whole life is one batch gets the end the kernel wrote after its last event', () => {
     const t = table();
     const items = t.ingest(
