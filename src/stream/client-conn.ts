@@ -41,6 +41,10 @@ export class ClientConn {
   private queue: QueuedFrame[] = [];
   private queueBytes = 0;
   private aboveSince: number | null = null;
+  /** Bytes handed to the socket so far, WebSocket framing included (what ws's bufferedAmount counts). */
+  private wireBytes = 0;
+  /** Event frames handed to the socket that may still be in its send buffer: where each ends in wireBytes, and its events. */
+  private inFlight: Array<{ end: number; events: number }> = [];
   private msgWindowStart = Date.now();
   private msgCount = 0;
   closed = false;
@@ -60,6 +64,8 @@ export class ClientConn {
     this.id = id;
     this.remote = remote;
     ws.on('message', (data, isBinary) => this.onMessage(data as Buffer, isBinary));
+    // ws answers a WebSocket ping with a pong of the same payload, into the send buffer.
+    ws.on('ping', (data: Buffer) => (this.wireBytes += wireLength(data.length)));
     ws.on('close', () => this.finish());
     ws.on('error', () => this.finish());
   }
@@ -68,6 +74,13 @@ export class ClientConn {
     if (this.closed) return;
     this.closed = true;
     // What it took and never sent is missed too: counted before it is let go.
+    // So are the events of frames still in the socket's send buffer (a
+    // client cut off for reading too slowly has up to the high-water mark
+    // there): handed to the socket, never written to the client.
+    const unwritten = this.unwrittenEvents();
+    this.sent -= unwritten;
+    this.dropped += unwritten;
+    this.inFlight = [];
     this.dropped += this.pendingEvents;
     for (const f of this.queue) this.dropped += f.events;
     this.pending = [];
@@ -89,7 +102,22 @@ export class ClientConn {
     if (this.closed || this.ws.readyState !== WebSocket.OPEN) return false;
     if (!always && this.ws.bufferedAmount >= this.limits.highWaterBytes) return false;
     this.ws.send(bytes, { binary: true });
+    this.wireBytes += wireLength(bytes.byteLength);
     return true;
+  }
+
+  /**
+   * Events of the frames the socket has not written yet: those that end
+   * past what it wrote (all it was handed, less what it still buffers).
+   * Frames it wrote leave the list as they go, so the list holds at most
+   * the send buffer's frames (the high-water mark's worth, and one more).
+   */
+  private unwrittenEvents(): number {
+    const written = this.wireBytes - this.ws.bufferedAmount;
+    while (this.inFlight.length && this.inFlight[0]!.end <= written) this.inFlight.shift();
+    let n = 0;
+    for (const f of this.inFlight) n += f.events;
+    return n;
   }
 
   private onMessage(data: Buffer, isBinary: boolean): void {
@@ -210,7 +238,10 @@ export class ClientConn {
       this.queueBytes -= f.memory;
       this.sent += f.events;
       this.ws.send(f.bytes, { binary: true });
+      this.wireBytes += wireLength(f.bytes.byteLength);
+      this.inFlight.push({ end: this.wireBytes, events: f.events });
     }
+    if (this.inFlight.length) this.unwrittenEvents(); // lets go of the frames written
     const now = Date.now();
     if (this.ws.bufferedAmount >= this.limits.highWaterBytes) {
       this.aboveSince ??= now;
@@ -226,6 +257,8 @@ export class ClientConn {
   closeWith(code: number, errCode: string, reason: string): void {
     if (this.closed) return;
     this.sendControl(errorFrame(errCode, reason, true), true);
+    // The close frame goes into the send buffer too (status code and reason).
+    if (this.ws.readyState === WebSocket.OPEN) this.wireBytes += wireLength(2 + Buffer.byteLength(reason.slice(0, 120)));
     this.ws.close(code, reason.slice(0, 120));
     const t = setTimeout(() => this.ws.terminate(), 1000);
     t.unref();
@@ -239,4 +272,9 @@ export class ClientConn {
   get bufferedAmount(): number {
     return this.ws.bufferedAmount;
   }
+}
+
+/** A server frame's length on the wire: its payload and its header (unmasked; no extensions: the server turns compression off). */
+function wireLength(payload: number): number {
+  return payload + (payload < 126 ? 2 : payload < 65536 ? 4 : 10);
 }

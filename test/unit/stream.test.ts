@@ -11,6 +11,8 @@ import net from 'node:net';
 import WebSocket from 'ws';
 import { EventEmitter } from 'node:events';
 import { Hub } from '../../src/stream/hub';
+import { ClientConn } from '../../src/stream/client-conn';
+import { DEFAULT_LIMITS } from '../../src/stream/limits';
 import { StreamServer } from '../../src/stream/server';
 import { eventsFrame, encodeEvents, frameMemory, serverFrame } from '../../src/stream/frames';
 import { SvctraceError } from '../../src/errors';
@@ -383,5 +385,36 @@ describe('hub: a client reading too slowly for control frames', () => {
     } finally {
       hub.close();
     }
+  });
+});
+
+describe('a client cut off with frames still in its send buffer', () => {
+  it('the events of frames the socket never wrote are missed, not sent', () => {
+    /** A socket whose send buffer holds what it was handed until `write` lets it out, framed as ws frames it. */
+    const wire = (n: number) => n + (n < 126 ? 2 : n < 65536 ? 4 : 10);
+    const frames: number[] = [];
+    const ws = Object.assign(new EventEmitter(), {
+      readyState: WebSocket.OPEN as number,
+      bufferedAmount: 0,
+      send(b: Uint8Array) {
+        frames.push(wire(b.byteLength));
+        this.bufferedAmount += wire(b.byteLength);
+      },
+      close(_code: number, reason: string) {
+        this.bufferedAmount += wire(2 + Buffer.byteLength(reason));
+        this.readyState = WebSocket.CLOSING;
+      },
+      terminate: () => undefined,
+    });
+    const c = new ClientConn(1, ws as unknown as WebSocket, 'test', { ...DEFAULT_LIMITS }, { onClose: () => undefined, localNode: 'n1' });
+    for (let b = 0; b < 3; b++) {
+      c.offer(encodeEvents(Array.from({ length: 100 }, (_, i) => makeEvent(b * 100 + i))));
+      c.flush();
+    }
+    assert.equal(frames.length, 3);
+    assert.equal(c.sent, 300, 'handed to the socket');
+    ws.bufferedAmount -= frames[0]! + frames[1]!; // the socket wrote the first two frames, not the third
+    c.closeWith(4000, 'TOO_SLOW', 'client read too slowly');
+    assert.deepEqual([c.sent, c.dropped], [200, 100], 'the third frame never reached the client');
   });
 });
