@@ -116,6 +116,8 @@ export interface PipelineResult {
 const EXPIRE_EVERY_MS = 1000;
 /** At stop, everything the kernel produced so far reaches the sinks first, within this bound (a stalled sink must not keep the process alive). */
 const DRAIN_MS = 2000;
+/** Flows changed since the last flow update, at most (the relay's bound too): see deliver(). */
+const MAX_CHANGED_FLOWS = 20_000;
 /** Kernel flow state with no packet for this long is expired (its end was never reported), checked this often. */
 const FLOW_STATE_IDLE_MS = 30 * 60_000;
 const FLOW_STATE_SWEEP_MS = 30_000;
@@ -147,6 +149,8 @@ export class Pipeline {
   private readonly backendNetns = new Map<string, string>();
   /** Flows changed since the stream last took them; only kept once a hub asked. */
   private changed: Map<number, Flow> | undefined;
+  /** Flow changes that gave way in `changed` before the stream took them (stage flow_updates). */
+  private flowUpdatesDropped = 0;
   private readonly apiNames: ApiNames | undefined;
 
   private constructor(
@@ -257,7 +261,16 @@ export class Pipeline {
     for (const item of items) {
       const flow = item.flow;
       if (flow.backendNetns && flow.dnat) this.rememberBackendNetns(flow.reply.saddr, flow.backendNetns);
-      this.changed?.set(flow.id, flow);
+      const changed = this.changed;
+      if (changed) {
+        changed.set(flow.id, flow);
+        // At most MAX_CHANGED_FLOWS wait for the next flow update (a storm
+        // changes thousands a second): the first changed gives way, counted.
+        if (changed.size > MAX_CHANGED_FLOWS) {
+          changed.delete(changed.keys().next().value!);
+          this.flowUpdatesDropped++;
+        }
+      }
       if (this.apiNames) nameItem(item, this.apiNames.names(flow));
     }
     this.sinks.write(items);
@@ -395,7 +408,7 @@ export class Pipeline {
   /** Events lost so far, per stage: the kernel's and the addon's counters, the flow table's evictions, and what the outputs failed on. */
   losses(): Partial<StageLosses> {
     const kernel = kernelLosses(this.stats());
-    return { ...kernel, internal_error: kernel.internal_error + this.sinks.lostEvents, flow_table: this.table.lost };
+    return { ...kernel, internal_error: kernel.internal_error + this.sinks.lostEvents, flow_table: this.table.lost, flow_updates: this.flowUpdatesDropped };
   }
 
   /** Stops the kernel source, lets in-flight batches land, closes the sinks in order. Idempotent. */

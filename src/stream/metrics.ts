@@ -33,7 +33,7 @@ export function serverRegistry(hub: Hub, source: HubSource): Registry {
   });
   new Counter({
     name: 'svctrace_events_lost_total',
-    help: 'Events lost, per stage (ring_buffer, flow_state, nat_exit_unmatched, conntrack_netlink, hooks_missed_packets (packets, not events), hook_runs_skipped (program runs the kernel skipped, not events), rule_trace_netlink, undecodable, internal_error (events a bug in svctrace lost), shutdown, flow_table, client_queues (events clients missed, those gone included); a relay: relay_upstream, relay_flows).',
+    help: 'Events lost, per stage (ring_buffer, flow_state, nat_exit_unmatched, conntrack_netlink, hooks_missed_packets (packets, not events), hook_runs_skipped (program runs the kernel skipped, not events), rule_trace_netlink, undecodable, internal_error (events a bug in svctrace lost), shutdown, flow_table, flow_updates (flow changes no flow update carried, not events), client_queues (events clients missed, those gone included); a relay: relay_upstream, relay_flows).',
     labelNames: ['stage'],
     registers,
     collect() {

@@ -71,6 +71,12 @@ export interface StageLosses {
    * clients, those gone included).
    */
   client_queues: number;
+  /**
+   * Flow updates (FlowUpdate, for clients that asked for flows) that never
+   * went out: more flows changed between two updates than one may carry
+   * (MAX_CHANGED_FLOWS). A count of flow changes, not of events.
+   */
+  flow_updates: number;
   /** `record`: events not in the recording (a write error, --max-size reached before the trace stopped, an event that failed to encode). */
   recording: number;
 }
@@ -95,7 +101,7 @@ export function kernelLosses(
 }
 
 /** Stages that count flows, packets or program runs, not events: shown, and left out of the total of events lost. */
-const NOT_EVENTS = new Set(['flows_unseen', 'hooks_missed_packets', 'hook_runs_skipped']);
+const NOT_EVENTS = new Set(['flows_unseen', 'hooks_missed_packets', 'hook_runs_skipped', 'flow_updates']);
 
 export function totalLost(l: Partial<StageLosses>): number {
   return Object.entries(l).reduce((n: number, [k, v]) => (NOT_EVENTS.has(k) ? n : n + (v ?? 0)), 0);
