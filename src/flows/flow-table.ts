@@ -46,6 +46,8 @@ export class FlowTable implements FlowTableView {
   private readonly deferred: Ingested[] = [];
   /** Flows of entries older than the one at their address, made from their late records (see olderEntryFlow). */
   private readonly olderEntries = new Map<string, Flow>();
+  /** Keys in summaryCounters.perBackend. */
+  private backendKeys = 0;
   /** Rule traces that arrived before their flow's first kernel event, by tuple index key. */
   private readonly pendingTraces = new Map<string, PendingTraces>();
   /** The same, keyed as the backend receives the packet (a trace from a pod's namespace that came before its flow's DNAT). */
@@ -85,6 +87,11 @@ export class FlowTable implements FlowTableView {
 
   summary(): FlowSummary {
     return structuredClone(this.summaryCounters);
+  }
+
+  /** Drops reported per reason so far (a copy): what each Status carries, without a copy of the whole summary. */
+  dropsByReason(): Record<string, number> {
+    return { ...this.summaryCounters.dropsByReason };
   }
 
   private readonly serviceLabels = new Map<number, string>();
@@ -734,7 +741,14 @@ export class FlowTable implements FlowTableView {
       // SNAT too, after DNAT: indexed again whenever any of it changes.
       if (!was || was.saddr !== r.saddr || was.sport !== r.sport || was.daddr !== r.daddr || was.dport !== r.dport) this.indexBackendTuple(f, r);
       f.backendOf = r;
-      if (!wasDnat) this.summaryCounters.perBackend[f.backend] = (this.summaryCounters.perBackend[f.backend] ?? 0) + 1;
+      if (!wasDnat) {
+        // One key per backend address ever seen, at most PER_BACKEND_MAX: a
+        // long trace across pod churn meets new ones for ever.
+        const per = this.summaryCounters.perBackend;
+        const key = per[f.backend] !== undefined || this.backendKeys < PER_BACKEND_MAX ? f.backend : OTHER_BACKENDS;
+        if (per[key] === undefined) this.backendKeys++;
+        per[key] = (per[key] ?? 0) + 1;
+      }
     }
   }
 
@@ -849,6 +863,10 @@ function expireOldest(pending: Map<string, PendingTraces>, nowMs: number, delive
 function byTs(a: { tsNs: bigint }, b: { tsNs: bigint }): number {
   return a.tsNs < b.tsNs ? -1 : a.tsNs > b.tsNs ? 1 : 0;
 }
+
+/** Backends counted by address in the summary, at most; the rest under OTHER_BACKENDS. */
+export const PER_BACKEND_MAX = 4096;
+export const OTHER_BACKENDS = 'other backends';
 
 /** Older entries' flows remembered for their late records: a storm's ring backlog of them at most. */
 const OLDER_ENTRIES_MAX = 1024;

@@ -322,7 +322,7 @@ export class Pipeline {
       lostByStage: () => this.losses(),
       activeFlows: () => this.table.size,
       flowsCountedOnly: () => this.tracer.stats().flowsCountedOnly,
-      dropsByReason: () => this.table.summary().dropsByReason,
+      dropsByReason: () => this.table.dropsByReason(),
       takeChangedFlows: (wanted) => {
         // Thousands of flows change per second in a storm: their messages are built only for a client that asked.
         const out: svctrace.v1.IFlow[] = wanted ? [...changed.values()].map(flowToProto) : [];

@@ -1,6 +1,6 @@
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { FlowTable } from '../../src/flows/flow-table';
+import { FlowTable, OTHER_BACKENDS, PER_BACKEND_MAX } from '../../src/flows/flow-table';
 import { ctBirthOf, FlowStatsRecord, RuleTrace, Tuple } from '../../src/events/decode';
 import { EventKind, NfStage, Dir, StatsReason } from '../../src/events/layout';
 import { IPS_CONFIRMED, IPS_DST_NAT, IPS_ASSURED, IPS_SEEN_REPLY, IPS_SRC_NAT } from '../../src/events/conntrack';
@@ -488,6 +488,21 @@ describe('FlowTable', () => {
     assert.deepEqual(fx.packets, [7, 6]);
     assert.deepEqual(t.flows().map((f) => [f.firstTsNs, f.packets]), [[400n, [5, 5]]]);
     assert.equal(t.summary().flows, 2, 'two connections, two flows');
+  });
+
+  it('counts new flows per backend address up to a cap, the rest together: the summary stays bounded across pod churn', () => {
+    const t = new FlowTable({ services: [parseServiceSpec('10.96.0.100:80')], closeGraceMs: 1000, maxFlows: 100 });
+    const n = PER_BACKEND_MAX + 4;
+    for (let i = 0; i < n; i++) {
+      const ctId = `ffff${(0x100000 + i).toString(16)}`;
+      const o = { ...orig, sport: 1024 + (i % 60000) };
+      const backend = { ...reply, saddr: `10.${(i >> 16) & 255}.${(i >> 8) & 255}.${i & 255}`, dport: o.sport };
+      t.ingest([ev({ ctId, tsNs: BigInt(i) * 10n + 1n, ctOrig: o, pkt: o }), ev({ ctId, tsNs: BigInt(i) * 10n + 2n, ctOrig: o, ctReply: backend, pkt: o, nfStage: NfStage.AFTER_NAT, nfPriority: -99, ctStatus: IPS_DST_NAT })]);
+    }
+    const per = t.summary().perBackend;
+    assert.equal(Object.keys(per).length, PER_BACKEND_MAX + 1);
+    assert.equal(per[OTHER_BACKENDS], 4);
+    assert.equal(Object.values(per).reduce((a, b) => a + b, 0), n, 'every flow counted once');
   });
 
   it('older entries remembered past their cap: the oldest goes, the recent ones keep their flows', () => {
