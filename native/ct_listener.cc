@@ -15,6 +15,7 @@
 #include "errors.h"
 #include "map_take.h"
 #include "events.h"
+#include "flow_refs.h"
 #include "netns.h"
 
 #include "nlattr.h"
@@ -36,27 +37,6 @@ bool ParseTuple(const nlattr* nest, svt_tuple* t) {
   if (proto.a[CTA_PROTO_SRC_PORT]) t->sport = mnl_attr_get_u16(proto.a[CTA_PROTO_SRC_PORT]);
   if (proto.a[CTA_PROTO_DST_PORT]) t->dport = mnl_attr_get_u16(proto.a[CTA_PROTO_DST_PORT]);
   return true;
-}
-
-void ReverseInto(svt_tuple* out, const svt_tuple& in) {
-  *out = svt_tuple{};
-  out->saddr = in.daddr;
-  out->daddr = in.saddr;
-  out->sport = in.dport;
-  out->dport = in.sport;
-  out->proto = in.proto;
-}
-
-bool SameTuple(const svt_tuple& a, const svt_tuple& b) {
-  return a.saddr == b.saddr && a.daddr == b.daddr && a.sport == b.sport && a.dport == b.dport && a.proto == b.proto;
-}
-
-// One off a count the BPF side adds to (memory-mapped .bss), never below zero.
-void Decrement(volatile unsigned long long* count) {
-  if (!count) return;
-  unsigned long long cur = __atomic_load_n(count, __ATOMIC_RELAXED);
-  while (cur > 0 && !__atomic_compare_exchange_n(count, &cur, cur - 1, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-  }
 }
 
 // CTA_COUNTERS_ORIG / CTA_COUNTERS_REPLY: conntrack's own accounting of the

@@ -13,8 +13,6 @@ namespace svt {
 
 namespace {
 
-constexpr size_t kMaxRememberedTraces = 4096;
-
 void CopyString(char* dst, size_t cap, const nlattr* a) {
   if (!a) return;
   size_t n = strnlen(static_cast<const char*>(mnl_attr_get_payload(a)), mnl_attr_get_payload_len(a));
@@ -62,12 +60,12 @@ void NftTraceListener::Handle(const nlmsghdr* nlh) {
         memcpy(&r.pkt.sport, l4, 2);
         memcpy(&r.pkt.dport, l4 + 2, 2);
       }
-      if (tuples_.size() >= kMaxRememberedTraces) tuples_.clear();
-      tuples_[r.trace_id] = r.pkt;
+      RememberedTuple& slot = tuples_[r.trace_id & (kTupleSlots - 1)];
+      slot = {r.trace_id, true, r.pkt};
     }
   } else {
-    auto it = tuples_.find(r.trace_id);
-    if (it != tuples_.end()) r.pkt = it->second;
+    const RememberedTuple& slot = tuples_[r.trace_id & (kTupleSlots - 1)];
+    if (slot.used && slot.trace_id == r.trace_id) r.pkt = slot.pkt;
   }
   Emit(&r, sizeof(r));
 }

@@ -7,7 +7,7 @@
 #include <linux/types.h>
 
 #include <string>
-#include <unordered_map>
+#include <array>
 
 #include "events.h"
 #include "netlink_listener.h"
@@ -23,9 +23,20 @@ class NftTraceListener : public NetlinkListener {
 
  private:
   unsigned long netns_ino_;
-  // Only a trace's first message carries the packet headers: remember the
-  // tuple by trace id for the messages that follow (bounded).
-  std::unordered_map<__u32, svt_tuple> tuples_;
+  // Only a trace's first message carries the packet headers: the tuple is
+  // remembered by trace id for the messages that follow, in a table of
+  // fixed size with one slot per id hash (the kernel's trace ids are
+  // hashes): a new trace takes the slot of an old one only when their ids
+  // share it. (A map emptied whenever it was full took the tuple of every
+  // trace in progress with it, and their later messages, a REJECT in the
+  // filter table after the nat table's chains, came with none.)
+  struct RememberedTuple {
+    __u32 trace_id = 0;
+    bool used = false;
+    svt_tuple pkt = {};
+  };
+  static constexpr size_t kTupleSlots = 4096;  // a power of two
+  std::array<RememberedTuple, kTupleSlots> tuples_{};
 };
 
 }  // namespace svt

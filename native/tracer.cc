@@ -14,6 +14,7 @@
 #include "drop_reasons.h"
 #include "errors.h"
 #include "events.h"
+#include "flow_refs.h"
 #include "map_take.h"
 #include "netns.h"
 #include "signals_held.h"
@@ -554,10 +555,16 @@ Napi::Value Tracer::CollectFlowState(Napi::Env env, bool expire, uint64_t idle_n
     prev = &key;
   }
   std::vector<uint8_t> out;
+  const int flows_fd = bpf_map__fd(skel_->maps.svt_flows);
   for (__u64 k : keys) {
     svt_flow_stats r = {};
     int err = expire ? TakeMapElem(fd, &k, &r.c) : bpf_map_lookup_elem(fd, &k, &r.c);
     if (err != 0) continue;
+    // An expired flow's destroy never came: nothing else forgets its wire
+    // tuples, which took the registry's room until its LRU evicted live
+    // flows' for them, and kept svt_active_flows above zero, so that the
+    // device hooks looked up every packet of the node for ever.
+    if (expire && ForgetOwnFlowRefs(flows_fd, r.c, k)) Decrement(&skel_->bss->svt_active_flows);
     r.kind = SVT_EV_FLOW_STATS;
     r.size = sizeof(r);
     r.ts_ns = now;

@@ -24,7 +24,8 @@ import { argvInNetns } from '../../src/netns/netns';
 import { Pipeline } from '../../src/pipeline/pipeline';
 import { Tracer } from '../../src/tracer/tracer';
 import { parseNodePortSpec, parseServiceSpec } from '../../src/net/ipv4';
-import { EventKind } from '../../src/events/layout';
+import { EventKind, StatsReason } from '../../src/events/layout';
+import type { FlowStatsRecord } from '../../src/events/decode';
 import type { Flow } from '../../src/flows/types';
 import { svctrace } from '../../src/gen/svctrace';
 
@@ -417,6 +418,29 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
       assert.equal(st.ctDestroysRead, read + 2, `no destroy of port 80 read once only 8080 is traced: ${JSON.stringify(st)}`);
     } finally {
       ct.stop();
+      tracer.close();
+    }
+  });
+
+  kernelTest("the idle sweep ends a flow whose destroy never came, and forgets its wire tuples: the node's packets are no longer looked up for it", async () => {
+    const dns = lab.service('kube-dns');
+    const tracer = Tracer.open({});
+    const records: FlowStatsRecord[] = [];
+    try {
+      tracer.setServices([parseServiceSpec(`${dns.clusterIP}:53/udp`)]);
+      tracer.attachNetns(lab.nodeNetns);
+      tracer.start((b) => records.push(...b.stats));
+      // A UDP flow whose entry lives on (30 s): as far as the sweep knows, a flow whose destroy was missed.
+      const u = await runIn(lab.nodeNetns, [process.execPath, '-e', UDP_EXCHANGES, dns.clusterIP, '53', '3'], { timeoutMs: 20_000 });
+      const udpPort = Number(/port=(\d+)/.exec(u.stdout)![1]);
+      assert.ok(await waitFor(() => tracer.stats().activeFlows >= 1, 5000), `the flow is registered (${tracer.stats().activeFlows} active)`);
+      const swept = tracer.expireIdleFlows(0);
+      assert.ok(swept >= 1, `the sweep ended it (${swept})`);
+      const expired = records.find((r) => r.reason === StatsReason.EXPIRED && r.orig.sport === udpPort);
+      assert.ok(expired, 'its final counters went out (EXPIRED)');
+      assert.deepEqual(expired.packets, [3, 3]);
+      assert.equal(tracer.stats().activeFlows, 0, 'its wire tuples are forgotten: nothing is active, and the device hooks return at once again');
+    } finally {
       tracer.close();
     }
   });
