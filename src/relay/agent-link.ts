@@ -56,6 +56,8 @@ export class AgentLink {
    * The same run carries its counts on, and its next Status replaces it.
    */
   private lostBefore = 0;
+  /** Frames from the node server that did not decode (each at least one event lost: relay_upstream). */
+  private badFrames = 0;
   private kernelLostBefore = 0;
   private stagesBefore: Record<string, number> = {};
   private endedStatus?: pb.IStatus;
@@ -137,6 +139,10 @@ export class AgentLink {
         this.endedStatus = undefined; // the same run's counts, carried on (another run's were folded at its Hello)
       },
       close: (code, reason) => this.lost(`closed (${code}${reason ? `: ${reason}` : ''})`),
+      // A frame that did not decode: its events are lost to the relay (how many, it cannot tell).
+      error: (e) => {
+        if (e.code === 'BAD_FRAME') this.badFrames++;
+      },
     };
     try {
       const client = await SvctraceClient.connect({ url: this.opts.url, token: this.opts.token, WebSocket: this.WebSocketImpl }, handlers);
@@ -232,7 +238,7 @@ export class AgentLink {
 
   /** Events the node server dropped for the relay (the relay read too slowly). */
   droppedForRelay(): number {
-    return this.lostBefore + Number(this.status?.dropped ?? 0);
+    return this.lostBefore + Number(this.status?.dropped ?? 0) + this.badFrames;
   }
 
   nodeState(): pb.INodeState {

@@ -7,6 +7,7 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import http from 'node:http';
+import type WebSocket from 'ws';
 import { StreamServer } from '../../src/stream/server';
 import { Relay } from '../../src/relay/relay';
 import { upstreamRequest } from '../../src/relay/upstream';
@@ -182,6 +183,21 @@ describe('relay over three node servers', () => {
 });
 
 describe('relay: a node server\'s losses stay counted across reconnects and restarts', () => {
+  it('a frame from a node server that does not decode is counted lost (relay_upstream), and the link goes on', async () => {
+    const server = await StreamServer.start({ ...syntheticSource(), node: 'node-x' }, { listen: '127.0.0.1:0' });
+    const relay = await Relay.start({ agents: [{ url: server.url(), minBackoffMs: 50, maxBackoffMs: 200 }], serve: { listen: '127.0.0.1:0' } });
+    try {
+      assert.ok(await waitFor(() => relay.nodes()[0]?.state === 'connected' && server.hub.clientCount === 1, 5000), JSON.stringify(relay.nodes()));
+      const link = server.hub.clientList()[0]! as unknown as { ws: WebSocket };
+      link.ws.send(Buffer.from([0xff, 0xff, 0xff]), { binary: true }); // no ServerMessage
+      assert.ok(await waitFor(() => (relay.lostByStage().relay_upstream ?? 0) === 1, 5000), JSON.stringify(relay.lostByStage()));
+      assert.equal(relay.nodes()[0]?.state, 'connected');
+    } finally {
+      await relay.stop();
+      await server.close();
+    }
+  });
+
   it('per stage and in total: kept while it is down, not counted twice when the same run comes back, added to when a new run starts from zero', async () => {
     const lossesOf = (ringBuffer: number) => ({ ...syntheticSource(), node: 'node-l', kernelLost: () => ringBuffer, lostByStage: () => ({ ring_buffer: ringBuffer, flow_table: 0 }) });
     let server = await StreamServer.start(lossesOf(5), { listen: '127.0.0.1:0', limits: { statusEveryMs: 50 } });
