@@ -205,7 +205,9 @@ function renderHealth(): void {
   const flowUpdatesMissed = Number(s?.flowUpdatesDropped ?? 0);
   $('h-dropped').textContent = s ? `${String(s.dropped ?? 0)}${flowUpdatesMissed ? ` (+${flowUpdatesMissed} flow updates)` : ''}` : '—';
   const drops = Object.entries(s?.dropsByReason ?? {});
-  $('h-drops').textContent = drops.length ? drops.map(([r, n]) => `${r}=${String(n)}`).join(' ') : 'none';
+  // Drops reported by reason (a flow's repeats at one place once), and the kernel's count of the packets.
+  const packets = Number(s?.packetsDropped ?? 0);
+  $('h-drops').textContent = (drops.length ? drops.map(([r, n]) => `${r}=${String(n)}`).join(' ') : 'none') + (packets ? ` (${packets} packets)` : '');
   $('diagnoses').innerHTML = store.diagnoses
     .map((d) => `<li class="diag ${esc(d.severity)}" data-testid="diagnosis" data-code="${esc(d.code)}">${d.node ? `[${esc(d.node)}] ` : ''}<b>${esc(d.code)}</b>${d.layer ? ` <i>(${esc(d.layer)})</i>` : ''} ${esc(d.service)}${d.object ? ` <span class="object">${esc(d.object)}</span>` : ''}: ${esc(d.summary)}</li>`)
     .join('');

@@ -89,6 +89,11 @@ export class FlowTable implements FlowTableView {
     return structuredClone(this.summaryCounters);
   }
 
+  /** Packets of traced flows the kernel dropped so far, repeats included (FlowSummary.packetsDropped). */
+  get packetsDropped(): number {
+    return this.summaryCounters.packetsDropped;
+  }
+
   /** Drops reported per reason so far (a copy): what each Status carries, without a copy of the whole summary. */
   dropsByReason(): Record<string, number> {
     return { ...this.summaryCounters.dropsByReason };

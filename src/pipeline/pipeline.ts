@@ -323,6 +323,7 @@ export class Pipeline {
       activeFlows: () => this.table.size,
       flowsCountedOnly: () => this.tracer.stats().flowsCountedOnly,
       dropsByReason: () => this.table.dropsByReason(),
+      packetsDropped: () => this.table.packetsDropped,
       takeChangedFlows: (wanted) => {
         // Thousands of flows change per second in a storm: their messages are built only for a client that asked.
         const out: svctrace.v1.IFlow[] = wanted ? [...changed.values()].map(flowToProto) : [];

@@ -156,6 +156,10 @@ export class Relay implements HubSource {
     return out;
   }
 
+  packetsDropped(): number {
+    return this.links.reduce((n, l) => n + Number(l.status?.packetsDropped ?? 0), 0);
+  }
+
   nodes(): pb.INodeState[] {
     return this.links.map((l) => l.nodeState());
   }

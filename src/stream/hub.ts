@@ -28,6 +28,8 @@ export interface HubSource {
   /** Flows seen that were counted only (over the detail budget), when known. */
   flowsCountedOnly?(): number;
   dropsByReason(): Record<string, number>;
+  /** Packets of traced flows the kernel dropped, repeats included, when known. */
+  packetsDropped?(): number;
   /** Flows changed since the last call; `wanted` false: forget them without building messages (no client wants flows). */
   takeChangedFlows?(wanted: boolean): pb.IFlow[];
   /** What the kube-proxy rules say about the traced services (sent in Hello). */
@@ -142,6 +144,7 @@ export class Hub {
       paused: c.paused,
       clients: this.clients.size,
       dropsByReason: this.source.dropsByReason(),
+      packetsDropped: this.source.packetsDropped?.() ?? 0,
       eventsPerSecond: this.rate,
       lostByStage: { ...this.source.lostByStage?.(), client_queues: this.clientsDropped() },
       nodes: this.source.nodes?.() ?? [],

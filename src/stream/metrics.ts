@@ -23,7 +23,7 @@ export function serverRegistry(hub: Hub, source: HubSource): Registry {
   value('svctrace_kernel_events_lost_total', 'Events lost before reaching svctrace (full ring buffer, reader, netlink overrun).', () => source.kernelLost(), 'counter');
   new Counter({
     name: 'svctrace_packet_drops_total',
-    help: 'Kernel drops of traced flows, by skb drop reason.',
+    help: 'Kernel drops of traced flows reported, by skb drop reason (a flow\'s repeats at one place once, unless --all-packets; svctrace_dropped_packets_total counts the packets).',
     labelNames: ['reason'],
     registers,
     collect() {

@@ -359,7 +359,7 @@ describe('stream server over TLS', () => {
 describe('hub: a client reading too slowly for control frames', () => {
   it('misses flow updates, counted in its Status; diagnoses still reach it', async () => {
     const flows: pb.IFlow[] = [{ id: 1 }, { id: 2 }];
-    const hub = new Hub({ ...syntheticSource(), takeChangedFlows: (wanted) => (wanted ? flows : []) }, { flowsEveryMs: 10, statusEveryMs: 60_000 });
+    const hub = new Hub({ ...syntheticSource(), takeChangedFlows: (wanted) => (wanted ? flows : []), packetsDropped: () => 7 }, { flowsEveryMs: 10, statusEveryMs: 60_000 });
     const got: pb.ServerMessage[] = [];
     const ws = Object.assign(new EventEmitter(), {
       readyState: WebSocket.OPEN,
@@ -382,6 +382,7 @@ describe('hub: a client reading too slowly for control frames', () => {
       hub.sendStatus();
       const status = got.filter((m) => m.status).at(-1)?.status;
       assert.ok(status && Number(status.flowUpdatesDropped) >= 4, `Status tells the client what it missed: ${JSON.stringify(status)}`);
+      assert.equal(Number(status.packetsDropped), 7, "and the kernel's count of dropped packets");
     } finally {
       hub.close();
     }
