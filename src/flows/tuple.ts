@@ -2,7 +2,7 @@
 import type { Tuple } from '../events/decode';
 
 export function sameTuple(a: Tuple, b: Tuple): boolean {
-  return a.sport === b.sport && a.dport === b.dport && a.saddr === b.saddr && a.daddr === b.daddr && a.proto === b.proto;
+  return a === b || (a.sport === b.sport && a.dport === b.dport && a.saddr === b.saddr && a.daddr === b.daddr && a.proto === b.proto);
 }
 
 export function tupleKey(t: Tuple): string {

@@ -115,7 +115,7 @@ class WireSlot {
 }
 
 function sameTupleAs(k: Tuple, t: Tuple): boolean {
-  return k.sport === t.sport && k.dport === t.dport && k.saddr === t.saddr && k.daddr === t.daddr && k.proto === t.proto;
+  return k === t || (k.sport === t.sport && k.dport === t.dport && k.saddr === t.saddr && k.daddr === t.daddr && k.proto === t.proto);
 }
 
 const slots: WireSlot[] = [];

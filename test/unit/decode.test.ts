@@ -93,6 +93,19 @@ describe('decodeBatch', () => {
     }
   });
 
+  it('a tuple seen again is the same object; one differing only in protocol or a port is its own', () => {
+    const udp = record();
+    udp.writeUInt8(17, F.pkt[0] + 12);
+    const otherPort = record({ dport: 81 });
+    const [a, b, c, d] = decodeBatch(Buffer.concat([record(), record(), udp, otherPort])).events;
+    assert.equal(a!.pkt, b!.pkt, 'one object for one tuple');
+    assert.notEqual(a!.pkt, c!.pkt);
+    assert.equal(c!.pkt.proto, 17);
+    assert.equal(a!.pkt.proto, 6);
+    assert.equal(d!.pkt.dport, 81);
+    assert.equal(decodeBatch(record()).events[0]!.pkt, a!.pkt, 'and in the next batch');
+  });
+
   it('decodes addresses, ports (network order) and host-order fields', () => {
     const [e] = decodeBatch(record()).events;
     assert.ok(e);
