@@ -16,6 +16,19 @@ export interface Sink {
   close?(): void | Promise<void>;
 }
 
+/**
+ * What a sink throws when it failed on events it has already counted as
+ * lost in a stage of its own (the recording's `recording`): the sink set
+ * reports the failure and does not count those events a second time in
+ * internal_error (a recording's bad event was counted in both).
+ */
+export class CountedSinkFailure extends Error {
+  constructor(readonly failure: unknown) {
+    super(failure instanceof Error ? failure.message : String(failure));
+    this.name = 'CountedSinkFailure';
+  }
+}
+
 /** A pipeline's sinks, called in order, each in isolation. */
 export class SinkSet {
   private readonly failures = new Map<Sink, number>();
@@ -32,8 +45,8 @@ export class SinkSet {
         s.write(items);
       } catch (e) {
         // Which of them it wrote before it threw is its own business: none
-        // is known to be in its output.
-        this.lost += items.length;
+        // is known to be in its output, unless it counted them itself.
+        if (!(e instanceof CountedSinkFailure)) this.lost += items.length;
         this.failed(s, 'write', e);
       }
     }
@@ -45,7 +58,7 @@ export class SinkSet {
         s.expired?.(flows);
       } catch (e) {
         // Its flow lines and end-of-flow counts: each flow one record lost.
-        this.lost += flows.length;
+        if (!(e instanceof CountedSinkFailure)) this.lost += flows.length;
         this.failed(s, 'expired', e);
       }
     }

@@ -20,6 +20,7 @@ import { keyId, signChainHead } from '../../src/record/signing';
 import { svctrace } from '../../src/gen/svctrace';
 import { makeEvent } from '../helpers/stream';
 import { RecordingSink } from '../../src/pipeline/sinks/recording';
+import { SinkSet } from '../../src/pipeline/sink';
 import type { Ingested } from '../../src/flows/types';
 import type { SvctraceError } from '../../src/errors';
 
@@ -69,7 +70,14 @@ describe('recordings', () => {
     const item = (i: number) => ({ event: makeEvent(i, { tsNs: i }) }) as unknown as Ingested;
     // Written up to its conntrack, then the encoder meets a value it cannot write.
     const bad = { event: { ...makeEvent(99, { tsNs: 99 }), conntrack: { id: 'c', status: Symbol('not a number') } } } as unknown as Ingested;
-    assert.throws(() => sink.write([item(1), bad, item(2)]));
+    // Through the pipeline's sink set: reported, and counted once, in the
+    // recording's own stage (not again in internal_error).
+    const warnings: string[] = [];
+    const set = new SinkSet([sink], (m) => warnings.push(m));
+    set.write([item(1), bad, item(2)]);
+    assert.equal(warnings.length, 1);
+    assert.match(warnings[0]!, /^recording output failed \(write\): /);
+    assert.equal(set.lostEvents, 0, 'counted by the recording, not a second time');
     sink.close();
     assert.equal(sink.events, 2);
     assert.equal(sink.lost, 1);

@@ -16,7 +16,7 @@ import type { KeyObject } from 'node:crypto';
 import { ChunkType, ChunkWriter } from '../../record/format';
 import { keyId, signChainHead } from '../../record/signing';
 import type { Ingested } from '../../flows/types';
-import type { Sink } from '../sink';
+import { CountedSinkFailure, type Sink } from '../sink';
 import { EventWriter } from '../../stream/event-writer';
 import { writeItem } from '../../stream/frames';
 import { SvctraceError } from '../../errors';
@@ -99,8 +99,16 @@ export class RecordingSink implements Sink {
         failed ??= e;
       }
     }
-    if (w.len >= FLUSH_BYTES) this.flush();
-    if (failed !== undefined) throw failed;
+    // Every event this sink fails on is counted in its own stage
+    // (`recording`), never again by the sink set.
+    if (w.len >= FLUSH_BYTES) {
+      try {
+        this.flush();
+      } catch (e) {
+        throw new CountedSinkFailure(e);
+      }
+    }
+    if (failed !== undefined) throw new CountedSinkFailure(failed);
   }
 
   /** Writes the pending events as one chunk; a write error is kept (the timer that calls this must not throw). */
