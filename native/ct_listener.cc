@@ -281,8 +281,10 @@ void CtListener::Handle(const nlmsghdr* nlh) {
         if (r.c.first_ns != seen_first_ns) {
           // Race 2: the new entry came at the same address between the
           // lookup and the take: its state goes back (unless its next
-          // packet made another already), and this is the stale destroy.
-          bpf_map_update_elem(state_map_fd_, &key, &r.c, BPF_NOEXIST);
+          // packet made another already: its first counters are then
+          // lost, and counted), and this is the stale destroy.
+          if (bpf_map_update_elem(state_map_fd_, &key, &r.c, BPF_NOEXIST) != 0)
+            states_lost_in_race_.fetch_add(1, std::memory_order_relaxed);
           ConsumeStaleDestroy(e.ct_orig);
           Decrement(active_flows_);
           return;

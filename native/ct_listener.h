@@ -49,6 +49,12 @@ class CtListener : public NetlinkListener {
   // the kernel refused it): then every destroy is read, as without one.
   bool FilterServices(const std::vector<svt_service_key>& keys);
 
+  // Counters lost in race 2 (see Handle): a new entry's state taken by an
+  // old entry's destroy could not be put back, because the new entry's next
+  // packet had already made a state of its own. Counted with the kernel's
+  // flow_state losses.
+  uint64_t states_lost_in_race() const { return states_lost_in_race_.load(std::memory_order_relaxed); }
+
   // False once the kernel refused to run a destroy program: destroys are
   // then handled with map syscalls (as where the programs were not loaded).
   bool destroy_programs_ran() const { return !programs_refused_.load(std::memory_order_relaxed); }
@@ -74,6 +80,7 @@ class CtListener : public NetlinkListener {
   int forget_prog_fd_;
   std::atomic<bool> programs_refused_{false};
   std::atomic<uint64_t> packets_missed_{0};
+  std::atomic<uint64_t> states_lost_in_race_{0};
   bool batch_delete_ = true;  // the kernel takes BPF_MAP_DELETE_BATCH (Linux >= 5.6)
 };
 

@@ -451,7 +451,10 @@ Napi::Object Tracer::StatsObject(Napi::Env env) {
   out.Set("kernelEvents", Napi::Number::New(env, (double)sums[SVT_CNT_EVENTS]));
   out.Set("ringbufLost", Napi::Number::New(env, (double)sums[SVT_CNT_RINGBUF_LOST]));
   out.Set("flowsStarted", Napi::Number::New(env, (double)sums[SVT_CNT_FLOWS]));
-  out.Set("flowStateFull", Napi::Number::New(env, (double)sums[SVT_CNT_STATE_FULL]));
+  // The kernel's count, and the listeners' states lost in a race (below).
+  uint64_t states_lost_in_race = 0;
+  for (auto& l : ct_listeners_) states_lost_in_race += l->states_lost_in_race();
+  out.Set("flowStateFull", Napi::Number::New(env, (double)(sums[SVT_CNT_STATE_FULL] + states_lost_in_race)));
   out.Set("flowsUnseen", Napi::Number::New(env, (double)sums[SVT_CNT_FLOWS_UNSEEN]));
   out.Set("flowsUnseenReset", Napi::Number::New(env, (double)sums[SVT_CNT_FLOWS_UNSEEN_RESET]));
   out.Set("natExitUnmatched", Napi::Number::New(env, (double)sums[SVT_CNT_NAT_EXIT_UNMATCHED]));

@@ -60,7 +60,7 @@ export interface NativeStats {
   /** Records the kernel could not write: the ring buffer was full (JS behind). */
   ringbufLost: number;
   flowsStarted: number;
-  /** Flows the kernel could not keep counters for (svt_flow_state full). */
+  /** Flows the kernel could not keep counters for (svt_flow_state full), and the rare new entry's first counters the conntrack listener could not put back (a race with its next packet). */
   flowStateFull: number;
   /** Flows none of whose records fit the ring buffer, their final counters included: seen by no output. */
   flowsUnseen: number;
