@@ -4,14 +4,30 @@
  * drop carries no reason, and that place is all it tells: `nf_hook_slow` is
  * a netfilter rule's DROP, `ip_rcv_core` a malformed or foreign packet.
  *
- * The table is read once, when the first drop needs a name (about 100 ms of
- * the JS thread, most of it the kernel writing the file, and 3 MB kept, for
- * the ~120k functions of this project's hosts), and kept: a
- * kernel's functions do not change while svctrace runs (a module loaded
- * later is named by its hex address). Pure parsing and lookup here; the file
- * is read by `KernelSymbols.load`.
+ * The table is read once and kept (3 MB for the ~120k functions of this
+ * project's hosts): a kernel's functions do not change while svctrace runs
+ * (a module loaded later is named by its hex address). A trace reads it on
+ * a worker thread as it starts (`KernelSymbols.loadInWorker`): read and
+ * parsed at the first drop, it took 150-400 ms of the JS thread, at the
+ * moment an incident's drops begin, and its 5 MB of text went through the
+ * pipeline's capped heap. Pure parsing and lookup here; the file is read by
+ * `KernelSymbols.load`.
  */
 import { readFileSync } from 'node:fs';
+import path from 'node:path';
+import { Worker } from 'node:worker_threads';
+
+/** A table's contents, as a worker posts them (the typed arrays moved, not copied). */
+export interface KernelSymbolsParts {
+  starts: Float64Array;
+  names: string;
+  nameAt: Uint32Array;
+  moduleOf: Uint16Array;
+  modules: string[];
+}
+
+/** The worker's own heap limit: the file's text and the arrays built from it, with room to spare. */
+const WORKER_HEAP_MB = 64;
 
 /**
  * Kernel addresses are 64-bit, above 2^53: kept as their distance from
@@ -184,12 +200,62 @@ export class KernelSymbols {
   }
 
   /** Reads the running kernel's table; an empty one when it cannot be read (addresses then show in hex). */
-  static load(path = '/proc/kallsyms'): KernelSymbols {
+  static load(file = '/proc/kallsyms'): KernelSymbols {
     try {
-      return KernelSymbols.parse(readFileSync(path, 'latin1'));
+      return KernelSymbols.parse(readFileSync(file, 'latin1'));
     } catch {
       return KernelSymbols.parse('');
     }
+  }
+
+  /**
+   * `load` on a worker thread: the JS thread only takes the finished arrays.
+   * Rejects when the worker cannot run or ends without a table (`signal`
+   * aborted included); an unreadable file is an empty table, as with `load`.
+   * The worker never keeps the process alive.
+   */
+  static loadInWorker(file = '/proc/kallsyms', signal?: AbortSignal): Promise<KernelSymbols> {
+    return new Promise((resolve, reject) => {
+      if (signal?.aborted) return reject(new Error('kallsyms: aborted'));
+      const worker = new Worker(path.join(__dirname, 'kallsyms-worker.js'), { workerData: { file }, resourceLimits: { maxOldGenerationSizeMb: WORKER_HEAP_MB } });
+      worker.unref();
+      const abort = (): void => void worker.terminate();
+      signal?.addEventListener('abort', abort, { once: true });
+      worker.once('message', (parts: KernelSymbolsParts) => {
+        try {
+          resolve(KernelSymbols.fromParts(parts));
+        } catch (e) {
+          reject(e);
+        }
+      });
+      worker.once('error', () => undefined); // its exit says it ended without a table
+      worker.once('exit', () => {
+        signal?.removeEventListener('abort', abort);
+        reject(new Error('kallsyms: the worker ended without a table')); // no-op once resolved
+      });
+    });
+  }
+
+  /** The table's arrays, to post from a worker (see loadInWorker). */
+  parts(): KernelSymbolsParts {
+    return { starts: this.starts, names: this.names, nameAt: this.nameAt, moduleOf: this.moduleOf, modules: this.modules };
+  }
+
+  /** A table from parts(); throws when they do not fit together (no half-right names). */
+  static fromParts(p: KernelSymbolsParts): KernelSymbols {
+    const n = p.starts?.length;
+    const ok =
+      p.starts instanceof Float64Array &&
+      p.nameAt instanceof Uint32Array &&
+      p.moduleOf instanceof Uint16Array &&
+      typeof p.names === 'string' &&
+      Array.isArray(p.modules) &&
+      p.nameAt.length === n + 1 &&
+      p.moduleOf.length === n &&
+      p.nameAt[n] === p.names.length &&
+      p.moduleOf.every((m) => m < p.modules.length);
+    if (!ok) throw new Error('kallsyms: parts that do not make a table');
+    return new KernelSymbols(p.starts, p.names, p.nameAt, p.moduleOf, p.modules);
   }
 
   /** The function holding a kernel address (hex, as decoded); undefined when none is known. */
@@ -212,19 +278,40 @@ export class KernelSymbols {
 }
 
 /**
- * Names drop locations for the flow model: the running kernel's table,
- * read at the first name asked for, and each address's answer kept (a
- * node's drops come from a few dozen places; at most `maxCached`
- * addresses are kept, the rest looked up each time).
+ * Names drop locations for the flow model: the running kernel's table, and
+ * each address's answer kept (a node's drops come from a few dozen places;
+ * at most `maxCached` addresses are kept, the rest looked up each time).
+ * `prefetch` reads the table ahead, off the JS thread; a name asked for
+ * before that table is in reads it on the spot (`load`), as every trace did
+ * before.
  */
 export class DropLocations {
   private symbols?: KernelSymbols;
   private readonly cache = new Map<string, KernelLocation | null>();
+  private ahead?: AbortController;
 
   constructor(
     private readonly load: () => KernelSymbols = () => KernelSymbols.load(),
     private readonly maxCached = 4096,
+    private readonly loadAhead: (signal: AbortSignal) => Promise<KernelSymbols> = (signal) => KernelSymbols.loadInWorker(undefined, signal),
   ) {}
+
+  /** Starts reading the table in the background (once); resolves when it is in, or could not be read ahead. */
+  prefetch(): Promise<void> {
+    if (this.symbols || this.ahead) return Promise.resolve();
+    const ahead = (this.ahead = new AbortController());
+    return this.loadAhead(ahead.signal).then(
+      (s) => {
+        if (!ahead.signal.aborted) this.symbols ??= s;
+      },
+      () => undefined, // read on the spot at the first drop instead
+    );
+  }
+
+  /** Stops a read ahead still running (a trace that stops). */
+  close(): void {
+    this.ahead?.abort();
+  }
 
   locate(hexAddr: string): KernelLocation | undefined {
     if (!hexAddr || hexAddr === '0') return undefined;

@@ -152,6 +152,8 @@ export class Pipeline {
   /** Flow changes that gave way in `changed` before the stream took them (stage flow_updates). */
   private flowUpdatesDropped = 0;
   private readonly apiNames: ApiNames | undefined;
+  /** Names where the kernel dropped packets; its table is read ahead at start. */
+  private dropLocations: DropLocations | undefined;
 
   private constructor(
     private readonly tracer: Tracer,
@@ -188,10 +190,11 @@ export class Pipeline {
           return pod ? `pod ${pod}` : undefined;
         };
       }
+      const dropLocations = new DropLocations();
       const table = new FlowTable({
         services: opts.services,
         dropReasons: tracer.dropReasons(),
-        dropLocations: new DropLocations(),
+        dropLocations,
         netnsName: (ino) => names.name(ino),
         closeGraceMs: opts.closeGraceMs,
         maxFlows: opts.maxFlows,
@@ -204,6 +207,10 @@ export class Pipeline {
       p.sinks = new SinkSet(await makeSinks(p.context()), warn);
       p.rulePaths = RulePaths.plan({ enabled: opts.ruleTrace !== false, discovery, table });
       p.deliverFromKernel();
+      // The kernel's symbol table, read on a worker now rather than on the
+      // JS thread at the first drop (see events/kallsyms.ts).
+      p.dropLocations = dropLocations;
+      void dropLocations.prefetch();
       p.expiryTimer = setInterval(() => p!.expireNow(), EXPIRE_EVERY_MS);
       p.expiryTimer.unref();
       const t = tracer;
@@ -424,6 +431,7 @@ export class Pipeline {
     clearInterval(this.memoryTimer);
     clearInterval(this.netnsTimer);
     this.rulePaths?.stop();
+    this.dropLocations?.close();
     await this.tracer.drain(DRAIN_MS);
     this.refreshCounters(); // the summary counts every packet so far
     this.tracer.close();

@@ -1,5 +1,8 @@
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { DropLocations, formatLocation, KernelSymbols } from '../../src/events/kallsyms';
 
 // As /proc/kallsyms lists them: code (t/T, w/W), data (d/D, b/B) that must
@@ -78,5 +81,94 @@ describe('DropLocations', () => {
     assert.equal(d.locate('ffffffff81f8269c')?.func, 'nf_hook_slow');
     assert.equal(d.locate('0'), undefined, 'no address');
     assert.equal(loads, 1);
+  });
+});
+
+describe('KernelSymbols.loadInWorker', () => {
+  it('reads and parses on a worker thread: the same names as parse, from the arrays it moved', async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'svt-kallsyms-'));
+    try {
+      const file = path.join(dir, 'kallsyms');
+      fs.writeFileSync(file, TEXT, 'latin1');
+      const t = await KernelSymbols.loadInWorker(file);
+      const here = KernelSymbols.parse(TEXT);
+      assert.equal(t.size, here.size);
+      for (const a of ['ffffffff81f8269c', 'ffffffff81f82705', 'ffffffff81e94f90', 'ffffffffc0a0101f', 'ffffffff82a00010', 'ffffffff80ffffff'])
+        assert.deepEqual(t.locate(a), here.locate(a), a);
+      assert.equal(formatLocation(t.locate('ffffffffc0a0101f')!), 'nft_do_chain+0x1f [nf_tables]');
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('an unreadable file is an empty table, as with load; an aborted read rejects', async () => {
+    assert.equal((await KernelSymbols.loadInWorker('/nonexistent/kallsyms')).size, 0);
+    const ac = new AbortController();
+    ac.abort();
+    await assert.rejects(KernelSymbols.loadInWorker('/nonexistent/kallsyms', ac.signal));
+  });
+
+  it('parts that do not make a table are refused, not half used', () => {
+    const good = KernelSymbols.parse(TEXT).parts();
+    assert.equal(KernelSymbols.fromParts(good).size, 6);
+    assert.throws(() => KernelSymbols.fromParts({ ...good, nameAt: good.nameAt.subarray(1) }));
+    assert.throws(() => KernelSymbols.fromParts({ ...good, names: good.names.slice(1) }));
+    assert.throws(() => KernelSymbols.fromParts({ ...good, modules: [''] }), 'a module index past the list');
+    assert.throws(() => KernelSymbols.fromParts({ ...good, starts: Array.from(good.starts) as unknown as Float64Array }));
+    assert.throws(() => KernelSymbols.fromParts(null as unknown as typeof good));
+  });
+});
+
+describe('DropLocations.prefetch', () => {
+  const refuse = (): KernelSymbols => {
+    throw new Error('read on the JS thread');
+  };
+
+  it('a table read ahead serves the first drop: nothing read on the spot', async () => {
+    let aheads = 0;
+    const d = new DropLocations(refuse, 16, () => {
+      aheads++;
+      return Promise.resolve(KernelSymbols.parse(TEXT));
+    });
+    await d.prefetch();
+    await d.prefetch();
+    assert.equal(aheads, 1, 'read ahead once');
+    assert.equal(d.locate('ffffffff81f8269c')?.func, 'nf_hook_slow');
+  });
+
+  it('a read ahead that fails, or is still running, leaves the first drop to read it on the spot', async () => {
+    let loads = 0;
+    const onTheSpot = (): KernelSymbols => {
+      loads++;
+      return KernelSymbols.parse(TEXT);
+    };
+    const failed = new DropLocations(onTheSpot, 16, () => Promise.reject(new Error('no worker')));
+    await failed.prefetch();
+    assert.equal(failed.locate('ffffffff82055860')?.func, 'ip_rcv_core');
+    assert.equal(loads, 1);
+
+    let finish: (t: KernelSymbols) => void = () => undefined;
+    const slow = new DropLocations(onTheSpot, 16, () => new Promise((r) => (finish = r)));
+    const ahead = slow.prefetch();
+    assert.equal(slow.locate('ffffffff82055860')?.func, 'ip_rcv_core');
+    assert.equal(loads, 2, 'not waited for');
+    finish(KernelSymbols.parse(''));
+    await ahead;
+    assert.equal(slow.locate('ffffffff81f8269c')?.func, 'nf_hook_slow', 'the table read first stays');
+  });
+
+  it('close stops the read ahead: what it brings later is not taken', async () => {
+    let finish: (t: KernelSymbols) => void = () => undefined;
+    let aborted = false;
+    const d = new DropLocations(() => KernelSymbols.parse(TEXT), 16, (signal) => {
+      signal.addEventListener('abort', () => (aborted = true));
+      return new Promise((r) => (finish = r));
+    });
+    const ahead = d.prefetch();
+    d.close();
+    assert.equal(aborted, true);
+    finish(KernelSymbols.parse(''));
+    await ahead;
+    assert.equal(d.locate('ffffffff81f8269c')?.func, 'nf_hook_slow', 'the empty table that came after close was not taken');
   });
 });
