@@ -112,7 +112,8 @@ export function exportPcapng(input: string, output: string): PcapExport {
     return { packets, interfaces: ifaces.size, recording: rec };
   } finally {
     fs.closeSync(fd);
-    if (!ok) fs.rmSync(output, { force: true });
+    // Only a regular file: `--pcapng /dev/null --force` must not remove the device.
+    if (!ok && fs.statSync(output, { throwIfNoEntry: false })?.isFile()) fs.rmSync(output, { force: true });
   }
 }
 

@@ -18,7 +18,18 @@ interface FlowSeen {
 /** The kube-proxy rules of a ClusterIP in an iptables-save dump: the rules naming it, then the chains they jump to. */
 export function rulesFor(iptablesSave: string, address: string): string[] {
   const lines = iptablesSave.split('\n');
-  const rulesOf = (chain: string) => lines.filter((l) => l.startsWith(`-A ${chain} `));
+  // Each chain's rules, in order, found once (a filter per chain visited was quadratic in a large dump).
+  const byChain = new Map<string, string[]>();
+  for (const l of lines) {
+    if (!l.startsWith('-A ')) continue;
+    const end = l.indexOf(' ', 3);
+    if (end < 0) continue;
+    const chain = l.slice(3, end);
+    let list = byChain.get(chain);
+    if (!list) byChain.set(chain, (list = []));
+    list.push(l);
+  }
+  const rulesOf = (chain: string) => byChain.get(chain) ?? [];
   const out: string[] = [];
   const seen = new Set<string>();
   const queue: string[] = [];
@@ -29,8 +40,8 @@ export function rulesFor(iptablesSave: string, address: string): string[] {
       if (m) queue.push(m[1]!);
     }
   }
-  while (queue.length) {
-    const chain = queue.shift()!;
+  for (let next = 0; next < queue.length; next++) {
+    const chain = queue[next]!;
     if (seen.has(chain)) continue;
     seen.add(chain);
     for (const l of rulesOf(chain)) {
@@ -74,7 +85,11 @@ export function inspect(path: string, name = path): { text: string; recording: R
   for (const p of rec.problems) out.push(`  ${p.corrupt ? 'DAMAGED' : 'note'}: ${p.message}`);
 
   const byService = new Map<string, FlowSeen[]>();
-  for (const f of flows.values()) byService.set(f.service, [...(byService.get(f.service) ?? []), f]);
+  for (const f of flows.values()) {
+    let list = byService.get(f.service);
+    if (!list) byService.set(f.service, (list = []));
+    list.push(f);
+  }
   for (const [svc, list] of byService) {
     out.push('', `service ${svc}: ${list.length} flows`);
     const perBackend = new Map<string, number>();

@@ -73,11 +73,25 @@ export function* iterRecording(path: string): Generator<{ events: pb.Event[]; ch
   let r = it.next();
   while (!r.done) {
     const c = r.value;
+    // The order the format fixes: header, snapshot (at most one, before any
+    // events; a recording may have none), events, trailer (iterChunks).
+    const outOfOrder =
+      c.index === 0 && c.type !== ChunkType.HEADER
+        ? 'the first chunk is not the header'
+        : c.type === ChunkType.HEADER && c.index !== 0
+          ? 'a second header'
+          : c.type === ChunkType.SNAPSHOT && (rec.snapshot || rec.eventChunks)
+            ? rec.snapshot
+              ? 'a second snapshot'
+              : 'a snapshot after events'
+            : undefined;
+    if (outOfOrder) {
+      decodeProblem = { kind: 'order', offset: c.offset, chunk: c.index, message: `chunk ${c.index} (${CHUNK_NAMES[c.type]}) at offset ${c.offset} is out of order: ${outOfOrder}`, corrupt: true };
+      break;
+    }
     try {
-      if (c.index === 0 && c.type !== ChunkType.HEADER) throw new Error('the first chunk is not the header');
       switch (c.type) {
         case ChunkType.HEADER:
-          if (c.index !== 0) throw new Error('a second header');
           rec.header = pb.RecordingHeader.decode(c.payload);
           break;
         case ChunkType.SNAPSHOT:

@@ -10,6 +10,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { SvctraceError } from '../errors';
+import { MAGIC } from './format';
 
 export interface RecordingInput {
   /** The file the readers open: the path given, or the stream's copy. */
@@ -95,13 +96,21 @@ function ownDescriptor(p: string): number | undefined {
   return m ? Number(m[1]) : undefined;
 }
 
-/** Copies the stream `fd` (named `p`) to a new file; returns the bytes copied. */
+/**
+ * Copies the stream `fd` (named `p`) to a new file; returns the bytes copied.
+ * A stream that does not start with a recording's magic bytes is copied no
+ * further than its first read (the readers then say what it is not):
+ * `verify /dev/zero` copied zeros until the disk was full.
+ */
 function copyStream(fd: number, p: string, file: string): number {
   const out = fs.openSync(file, 'wx', 0o600);
   const buf = Buffer.allocUnsafe(COPY_BYTES);
   let total = 0;
+  const head = Buffer.alloc(MAGIC.length);
   try {
     for (;;) {
+      const seen = Math.min(total, MAGIC.length);
+      if (seen > 0 && !head.subarray(0, seen).equals(MAGIC.subarray(0, seen))) return total;
       let n: number;
       try {
         n = fs.readSync(fd, buf, 0, buf.length, null);
@@ -114,6 +123,7 @@ function copyStream(fd: number, p: string, file: string): number {
         throw cannotRead(p, e);
       }
       if (n === 0) return total;
+      if (total < MAGIC.length) buf.copy(head, total, 0, Math.min(n, MAGIC.length - total));
       for (let at = 0; at < n; ) at += fs.writeSync(out, buf, at, n - at);
       total += n;
     }

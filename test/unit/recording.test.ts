@@ -227,6 +227,81 @@ describe('recordings', () => {
     assert.match(v.out, new RegExp(`DAMAGED: chunk 3 \\(events\\) at offset ${offsets[3]}\\.\\.\\d+: SHA-256 mismatch`));
   });
 
+  it('a damaged recording: inspect says so and answers no (exit 1)', () => {
+    const file = path.join(dir, 'flipped-inspect.svtr');
+    const buf = fs.readFileSync(good);
+    const target = offsets[3]! + CHUNK_HEADER_BYTES + 20;
+    buf[target] = buf[target]! ^ 0x01;
+    fs.writeFileSync(file, buf);
+    const i = spawnSync(process.execPath, [CLI, 'inspect', file], { encoding: 'utf8' });
+    assert.match(i.stdout, /DAMAGED: .*SHA-256 mismatch/);
+    assert.equal(i.status, 1, i.stdout + i.stderr);
+    assert.equal(spawnSync(process.execPath, [CLI, 'inspect', good], { encoding: 'utf8' }).status, 0);
+  });
+
+  it('chunks out of the format\'s order are damage, named with their offset (verify exit 1)', () => {
+    const header = pb.RecordingHeader.encode({ toolVersion: 'test', node: 'n1', startedAt: '2026-12-06T00:00:00.000Z', services: [] }).finish();
+    const snapshot = pb.NodeSnapshot.encode({ sections: [{ name: 'iptables', output: '' }] }).finish();
+    const events = (() => {
+      const w = protobuf.Writer.create();
+      w.bytes(pb.Event.encode(makeEvent(1, { tsNs: 1 })).finish());
+      return w.finish();
+    })();
+    const cases: Array<[string, Array<[ChunkType, Uint8Array]>, RegExp]> = [
+      ['snapshot after events', [[ChunkType.HEADER, header], [ChunkType.EVENTS, events], [ChunkType.SNAPSHOT, snapshot]], /chunk 2 \(snapshot\) at offset \d+ is out of order: a snapshot after events/],
+      ['two snapshots', [[ChunkType.HEADER, header], [ChunkType.SNAPSHOT, snapshot], [ChunkType.SNAPSHOT, snapshot]], /chunk 2 \(snapshot\) .* out of order: a second snapshot/],
+      ['events first', [[ChunkType.EVENTS, events], [ChunkType.HEADER, header]], /chunk 0 \(events\) .* out of order: the first chunk is not the header/],
+      ['two headers', [[ChunkType.HEADER, header], [ChunkType.HEADER, header]], /chunk 1 \(header\) .* out of order: a second header/],
+    ];
+    for (const [what, chunks, re] of cases) {
+      const file = path.join(dir, `order-${what.replace(/ /g, '-')}.svtr`);
+      const w = new ChunkWriter(file, true);
+      for (const [type, payload] of chunks) w.write(type, payload);
+      w.write(ChunkType.TRAILER, pb.RecordingTrailer.encode({ reason: 'duration' }).finish());
+      w.close();
+      const rec = readRecording(file);
+      assert.equal(rec.problems[0]?.kind, 'order', `${what}: ${JSON.stringify(rec.problems)}`);
+      const v = verifyCli(file);
+      assert.equal(v.status, 1, `${what}: ${v.out}`);
+      assert.match(v.out, re, what);
+    }
+    // No snapshot at all is a recording still (it may have had none to take).
+    const file = path.join(dir, 'order-no-snapshot.svtr');
+    const w = new ChunkWriter(file, true);
+    w.write(ChunkType.HEADER, header);
+    w.write(ChunkType.EVENTS, events);
+    w.write(ChunkType.TRAILER, pb.RecordingTrailer.encode({ reason: 'duration' }).finish());
+    w.close();
+    assert.deepEqual(readRecording(file).problems, []);
+  });
+
+  it('a failed export leaves an output that is not a regular file alone (--force to a device)', () => {
+    // Through a link, so that a regression removes the link, not the device.
+    const link = path.join(dir, 'null-link');
+    fs.symlinkSync('/dev/null', link);
+    const e = spawnSync(process.execPath, [CLI, 'export', good, '--pcapng', link, '--force'], { encoding: 'utf8' });
+    assert.equal(e.status, 2, e.stderr);
+    assert.match(e.stderr, /holds no packet data/);
+    assert.ok(fs.lstatSync(link, { throwIfNoEntry: false })?.isSymbolicLink(), 'the output named is still there');
+    // A regular file it wrote is removed: no half-written pcapng left behind.
+    const out = path.join(dir, 'nothing.pcapng');
+    assert.equal(spawnSync(process.execPath, [CLI, 'export', good, '--pcapng', out], { encoding: 'utf8' }).status, 2);
+    assert.equal(fs.existsSync(out), false);
+  });
+
+  it('a stream that is not a recording is copied no further than its first read', () => {
+    // 3 MiB of zeros on stdin: before, all of it was copied first (from
+    // /dev/zero, until the disk was full); now the magic bytes stop it.
+    const script = `const { openRecordingInput } = require(${JSON.stringify(path.resolve(__dirname, '..', '..', 'src', 'record', 'spool.js'))});
+const i = openRecordingInput('/dev/stdin', ${JSON.stringify(dir)}); process.stdout.write(String(i.spooledBytes)); i.done();`;
+    const r = spawnSync(process.execPath, ['-e', script], { input: Buffer.alloc(3 << 20), encoding: 'utf8', timeout: 60_000 });
+    assert.equal(r.status, 0, r.stderr);
+    assert.ok(Number(r.stdout) > 0 && Number(r.stdout) <= 1 << 20, `copied ${r.stdout} bytes`);
+    const v = spawnSync(process.execPath, [CLI, 'verify', '/dev/stdin'], { input: Buffer.alloc(3 << 20), encoding: 'utf8', timeout: 60_000 });
+    assert.equal(v.status, 1);
+    assert.match(v.stdout, /not a svctrace recording \(bad magic bytes at offset 0\)/);
+  });
+
   it('a flipped byte in a chunk header is caught too', () => {
     const file = path.join(dir, 'badheader.svtr');
     const buf = fs.readFileSync(good);

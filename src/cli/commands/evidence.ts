@@ -17,6 +17,7 @@ import { MAX_SNAPLEN } from '../../events/layout';
 import { addSelectionOptions, collect, parseDuration, readToken, SelectionOptions, selectionOf, servicesFrom } from '../options';
 import fs from 'node:fs';
 import path from 'node:path';
+import { terminalSafe, terminalSafeLine } from '../../output/terminal-safe';
 
 /**
  * The recording `file` names, for the readers: a regular file as it is, a
@@ -121,7 +122,7 @@ export function registerEvidence(program: Command): void {
       } else if (!corrupt.length) {
         lines.push('  consistent, not authenticated: unsigned, so whoever can edit the file could also recompute its hashes (sign with record --sign-key, check with verify --pubkey)');
       }
-      process.stdout.write(lines.join('\n') + '\n');
+      process.stdout.write(terminalSafe(lines.join('\n')) + '\n');
       if (corrupt.length || (opts.strict && cut.length) || (key && !authentic)) process.exitCode = 1;
     });
 
@@ -167,8 +168,9 @@ export function registerEvidence(program: Command): void {
     .argument('<file>')
     .action(async (file: string) => {
       const { text, recording } = await withRecording(file, (readable) => inspect(readable, file));
-      process.stdout.write(text + '\n');
-      if (!recording.header) process.exitCode = 1;
+      process.stdout.write(terminalSafe(text) + '\n');
+      // The answer is no (README's exit codes): not a recording, or damaged.
+      if (!recording.header || recording.problems.some((p) => p.corrupt)) process.exitCode = 1;
     });
 }
 
@@ -201,7 +203,7 @@ async function replayFile(file: string, readable: string, speed: Speed, opts: Re
       readable,
       speed,
       (events) => {
-        if (!stdoutClosed()) process.stdout.write(events.map((e) => (opts.output === 'json' ? eventToJson(e) : eventLine(e))).join('\n') + '\n');
+        if (!stdoutClosed()) process.stdout.write(events.map((e) => (opts.output === 'json' ? eventToJson(e) : terminalSafeLine(eventLine(e)))).join('\n') + '\n');
       },
       stdoutClosed,
     );
