@@ -64,6 +64,6 @@ export function parseNodePortSpec(text: string): ServiceSpec {
 
 function parseProto(p: string, text: string): ProtoName {
   const lower = p.toLowerCase();
-  if (!(lower in PROTOS)) throw new SvctraceError('BAD_INPUT', `service '${text}': protocol must be tcp, udp or sctp`);
+  if (!Object.hasOwn(PROTOS, lower)) throw new SvctraceError('BAD_INPUT', `service '${text}': protocol must be tcp, udp or sctp`);
   return lower as ProtoName;
 }

@@ -1,4 +1,5 @@
 /** A client's subscription filter, compiled once into a predicate over events. */
+import { isIPv4 } from 'node:net';
 import { svctrace } from '../gen/svctrace';
 import { SvctraceError } from '../errors';
 import { nodeName } from '../node-name';
@@ -27,6 +28,20 @@ export function compileFilter(f: pb.IFilter | null | undefined, maxEntries: numb
   ];
   for (const [name, list] of lists) {
     if (list && list.length > maxEntries) throw new SvctraceError('BAD_INPUT', `filter.${name} has ${list.length} entries (at most ${maxEntries})`);
+  }
+  // Junk is refused, not compiled into a filter that silently matches nothing
+  // (or, for an empty namespace, every event that has none).
+  const KNOWN_KINDS = new Set<number>(Object.values(pb.EventKind).filter((v): v is number => typeof v === 'number' && v !== 0));
+  for (const k of f.kinds ?? []) {
+    if (!KNOWN_KINDS.has(Number(k))) throw new SvctraceError('BAD_INPUT', `filter.kinds: ${String(k)} is not an event kind`);
+  }
+  for (const [name, list] of [['services', f.services], ['namespaces', f.namespaces], ['nodes', f.nodes]] as const) {
+    if ((list ?? []).some((x) => typeof x !== 'string' || !x.trim())) throw new SvctraceError('BAD_INPUT', `filter.${name}: an empty entry`);
+  }
+  for (const b of f.backends ?? []) {
+    const m = /^([^:]+)(?::(\d{1,5}))?$/.exec(b);
+    if (!m || !isIPv4(m[1]!) || (m[2] !== undefined && (Number(m[2]) < 1 || Number(m[2]) > 65535)))
+      throw new SvctraceError('BAD_INPUT', `filter.backends: '${b.slice(0, 64)}' is not IP or IP:port`);
   }
   const services = new Set(f.services ?? []);
   const backends = new Set(f.backends ?? []);

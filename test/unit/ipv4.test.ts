@@ -36,6 +36,8 @@ describe('parseServiceSpec', () => {
     badInput(() => parseServiceSpec('10.96.0.100:0'), /1-65535/);
     badInput(() => parseServiceSpec('10.96.0.100:70000'), /1-65535/);
     badInput(() => parseServiceSpec('10.96.0.100:80/icmp'), /tcp, udp or sctp/);
+    // Names every object has are not protocols either.
+    for (const p of ['constructor', '__proto__', 'toString', 'hasOwnProperty']) badInput(() => parseServiceSpec(`10.96.0.100:80/${p}`), /tcp, udp or sctp/);
     badInput(() => parseServiceSpec('web:80'), /not an IPv4 address/);
   });
 });

@@ -14,6 +14,7 @@ import { Hub } from '../../src/stream/hub';
 import { ClientConn } from '../../src/stream/client-conn';
 import { DEFAULT_LIMITS } from '../../src/stream/limits';
 import { StreamServer } from '../../src/stream/server';
+import { compileFilter } from '../../src/stream/filter';
 import { eventsFrame, encodeEvents, frameMemory, serverFrame } from '../../src/stream/frames';
 import { SvctraceError } from '../../src/errors';
 import { svctrace } from '../../src/gen/svctrace';
@@ -417,5 +418,30 @@ describe('a client cut off with frames still in its send buffer', () => {
     ws.bufferedAmount -= frames[0]! + frames[1]!; // the socket wrote the first two frames, not the third
     c.closeWith(4000, 'TOO_SLOW', 'client read too slowly');
     assert.deepEqual([c.sent, c.dropped], [200, 100], 'the third frame never reached the client');
+  });
+});
+
+describe('compileFilter', () => {
+  const junk = (f: pb.IFilter, re: RegExp) =>
+    assert.throws(() => compileFilter(f, 64, 'node-a'), (e: unknown) => e instanceof SvctraceError && e.code === 'BAD_INPUT' && re.test(e.message));
+
+  it('refuses junk rather than compiling a filter that matches nothing (or everything)', () => {
+    junk({ kinds: [9999 as pb.EventKind] }, /not an event kind/);
+    junk({ kinds: [-1 as pb.EventKind] }, /not an event kind/);
+    junk({ kinds: [0] }, /not an event kind/);
+    junk({ backends: ['not-an-ip:zz'] }, /not IP or IP:port/);
+    junk({ backends: ['10.244.1.10:0'] }, /not IP or IP:port/);
+    junk({ backends: ['10.244.1.10:70000'] }, /not IP or IP:port/);
+    junk({ namespaces: [''] }, /empty entry/);
+    junk({ services: ['  '] }, /empty entry/);
+    junk({ nodes: [''] }, /empty entry/);
+  });
+
+  it('takes what the filters name', () => {
+    const f = compileFilter({ kinds: [pb.EventKind.EVENT_KIND_DROP], backends: ['10.244.1.10', '10.244.1.11:8080'] }, 64, 'node-a');
+    assert.equal(f({ kind: pb.EventKind.EVENT_KIND_DROP, backend: '10.244.1.10:8080' }), true);
+    assert.equal(f({ kind: pb.EventKind.EVENT_KIND_DROP, backend: '10.244.1.11:8080' }), true);
+    assert.equal(f({ kind: pb.EventKind.EVENT_KIND_DROP, backend: '10.244.1.12:8080' }), false);
+    assert.equal(f({ kind: pb.EventKind.EVENT_KIND_NETFILTER, backend: '10.244.1.10:8080' }), false);
   });
 });

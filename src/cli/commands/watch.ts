@@ -6,6 +6,8 @@ import { DEFAULT_LISTEN, EVENTS_PATH } from '../../stream/server';
 import { waitForStop } from '../../pipeline/lifecycle';
 import { eventLine } from '../../output/event-line';
 import { collect, parseDuration, readToken } from '../options';
+import { terminalSafe, terminalSafeLine } from '../../output/terminal-safe';
+import { compileFilter } from '../../stream/filter';
 
 interface WatchOptions {
   token?: string;
@@ -44,22 +46,26 @@ export function registerWatch(program: Command): void {
       }
       if (parsed.protocol !== 'ws:' && parsed.protocol !== 'wss:') throw new SvctraceError('BAD_INPUT', `'${url}' must start with ws:// or wss://`);
       const duration = parseDuration(opts.duration);
+      const filter = { services: opts.service, backends: opts.backend, namespaces: opts.namespace, nodes: opts.node, dropsOnly: !!opts.dropsOnly };
+      // The server's own check, here first: a filter it would refuse is bad
+      // input (exit 2), not a stream of every event with an error line.
+      compileFilter(filter, Number.MAX_SAFE_INTEGER);
       const token = readToken(opts);
       let closedBy: string | undefined;
       let userClosed = false;
       const done = new Promise<void>((resolve) => {
         void (async () => {
           const client = await connect(
-            { url, token, filter: { services: opts.service, backends: opts.backend, namespaces: opts.namespace, nodes: opts.node, dropsOnly: !!opts.dropsOnly } },
+            { url, token, filter },
             {
               events: (events) => {
                 const lines = events.map((e) =>
-                  opts.output === 'json' ? eventToJson(e) : eventLine(e),
+                  opts.output === 'json' ? eventToJson(e) : terminalSafeLine(eventLine(e)),
                 );
                 if (lines.length) process.stdout.write(lines.join('\n') + '\n');
               },
-              error: (e) => process.stderr.write(`svctrace: server says ${e.code}: ${e.message}\n`),
-              diagnosis: (d) => process.stdout.write(`[diagnosis]${d.node ? ` [${d.node}]` : ''} [${(d.severity ?? '').toUpperCase()}] ${d.code}${d.layer ? ` (${d.layer})` : ''} ${d.service}${d.object ? ` ${d.object}` : ''}: ${d.summary}\n`),
+              error: (e) => process.stderr.write(`svctrace: server says ${terminalSafe(`${e.code}: ${e.message}`)}\n`),
+              diagnosis: (d) => process.stdout.write(terminalSafe(`[diagnosis]${d.node ? ` [${d.node}]` : ''} [${(d.severity ?? '').toUpperCase()}] ${d.code}${d.layer ? ` (${d.layer})` : ''} ${d.service}${d.object ? ` ${d.object}` : ''}: ${d.summary}`) + '\n'),
               close: (code, reason) => {
                 if (!userClosed) closedBy = `server closed the stream (${code}${reason ? `: ${reason}` : ''})`;
                 resolve();
