@@ -9,6 +9,7 @@ import { DiscoveredService, findByName, readersMissingText, tracedAddressesOf } 
 import type { PipelineOptions } from '../pipeline/pipeline';
 import { CURRENT_NETNS, resolveNetns } from '../netns/netns';
 import { parseBackend } from '../tracer/backend';
+import { parseDecimal } from '../decimal';
 
 export function collect(value: string, previous: string[]): string[] {
   return previous.concat([value]);
@@ -16,7 +17,7 @@ export function collect(value: string, previous: string[]): string[] {
 
 export function parseDuration(v: string | undefined): number | undefined {
   if (v === undefined) return undefined;
-  const n = Number(v);
+  const n = parseDecimal(v);
   if (!Number.isFinite(n) || n <= 0 || n > 7 * 24 * 3600) throw new SvctraceError('BAD_INPUT', `--duration '${v}' must be a number of seconds > 0`);
   return n;
 }
@@ -125,7 +126,7 @@ export function selectionOf(opts: SelectionOptions, services: ServiceSpec[]): Pi
 /** --ring-buffer MiB: a power of two from 1 MiB to 1 GiB. */
 export function parseRingBuffer(v: string | undefined): number | undefined {
   if (v === undefined) return undefined;
-  const mib = Number(v);
+  const mib = parseDecimal(v);
   if (!Number.isInteger(mib) || mib < 1 || mib > 1024 || (mib & (mib - 1)) !== 0) {
     throw new SvctraceError('BAD_INPUT', `--ring-buffer '${v}' must be a power of two number of MiB, 1..1024`);
   }
@@ -135,7 +136,7 @@ export function parseRingBuffer(v: string | undefined): number | undefined {
 /** --stats-interval ms: 10 ms .. 1 h. */
 export function parseStatsInterval(v: string | undefined): number | undefined {
   if (v === undefined) return undefined;
-  const ms = Number(v);
+  const ms = parseDecimal(v);
   if (!Number.isFinite(ms) || ms < 10 || ms > 3_600_000) throw new SvctraceError('BAD_INPUT', `--stats-interval '${v}' must be a number of milliseconds, 10..3600000`);
   return ms;
 }
@@ -144,8 +145,8 @@ export function parseStatsInterval(v: string | undefined): number | undefined {
 export function parseDetailRate(v: string | undefined): number | undefined {
   if (v === undefined) return undefined;
   if (v === 'all') return 0;
-  const n = Number(v);
-  if (v.trim() === '' || !Number.isInteger(n) || n < 0 || n > 1_000_000) {
+  const n = parseDecimal(v);
+  if (!Number.isInteger(n) || n < 0 || n > 1_000_000) {
     throw new SvctraceError('BAD_INPUT', `--detail-rate '${v}' must be a whole number of new flows per second, 0..1000000, or 'all'`);
   }
   return n;

@@ -39,6 +39,9 @@ export interface PcapExport {
   recording: Recording;
 }
 
+/** The snaplen each pcapng interface declares. */
+const PCAP_SNAPLEN = 65535;
+
 /** Opens an output file, or says in one line why it cannot. */
 export function openOutput(output: string): number {
   try {
@@ -92,9 +95,12 @@ export function exportPcapng(input: string, output: string): PcapExport {
         if (id === undefined) {
           id = ifaces.size;
           ifaces.set(cp.name, id);
-          writeAll(fd, output, interfaceDescription(cp.name, cp.description, 65535));
+          writeAll(fd, output, interfaceDescription(cp.name, cp.description, PCAP_SNAPLEN));
         }
-        writeAll(fd, output, enhancedPacket(id, wallClockNs(sofar.header, e.tsNs), e.packetData, e.length ?? e.packetData.length, `flow ${String(e.flowId)}: ${eventSummary(e)}`));
+        // No more than the interface's snaplen says (a recording's capture is
+        // at most MAX_SNAPLEN; a crafted one may hold more).
+        const data = e.packetData.length > PCAP_SNAPLEN ? e.packetData.subarray(0, PCAP_SNAPLEN) : e.packetData;
+        writeAll(fd, output, enhancedPacket(id, wallClockNs(sofar.header, e.tsNs), data, e.length ?? e.packetData.length, `flow ${String(e.flowId)}: ${eventSummary(e)}`));
         packets++;
       }
     });

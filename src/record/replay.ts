@@ -9,13 +9,15 @@ import { SvctraceError } from '../errors';
 import { iterRecording, Recording } from './reader';
 
 import pb = svctrace.v1;
+import { parseDecimal } from '../decimal';
 
 export type Speed = number | 'max';
 
 export function parseSpeed(s: string): Speed {
   if (s === 'max') return 'max';
-  const n = Number(s);
-  if (!Number.isFinite(n) || n <= 0 || n > 1e6) throw new SvctraceError('BAD_INPUT', `--speed must be a positive number or 'max', not '${s}'`);
+  const n = parseDecimal(s);
+  // Below 1/1000 a second of recording takes over a quarter of an hour.
+  if (!Number.isFinite(n) || n < 0.001 || n > 1e6) throw new SvctraceError('BAD_INPUT', `--speed must be a number from 0.001 to 1000000, or 'max', not '${s}'`);
   return n;
 }
 

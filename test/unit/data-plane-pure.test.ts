@@ -3,7 +3,8 @@ import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { ChannelMerge } from '../../src/tracer/channel-merge';
 import { formatLosses, guardBatchHandler, kernelLosses, totalLost } from '../../src/tracer/losses';
-import { parseDetailRate, parseRingBuffer, parseStatsInterval } from '../../src/cli/options';
+import { parseDetailRate, parseDuration, parseRingBuffer, parseStatsInterval } from '../../src/cli/options';
+import { parseSpeed } from '../../src/record/replay';
 import { SvctraceError } from '../../src/errors';
 import type { DecodedBatch } from '../../src/events/decode';
 import { ev } from '../helpers/kernel-events';
@@ -119,5 +120,20 @@ describe('sizing flags', () => {
   it('--stats-interval takes 10 ms .. 1 h', () => {
     assert.equal(parseStatsInterval('250'), 250);
     for (const bad of ['5', 'soon', '3600001']) assert.throws(() => parseStatsInterval(bad), SvctraceError, bad);
+  });
+
+  it('numbers are written in decimal: hex, binary, exponents, signs and spaces are refused, not read as numbers', () => {
+    assert.equal(parseDuration('2.5'), 2.5);
+    assert.equal(parseSpeed('10'), 10);
+    assert.equal(parseSpeed('0.5'), 0.5);
+    const bad = (e: unknown) => e instanceof SvctraceError && e.code === 'BAD_INPUT';
+    for (const v of ['0x10', '0b11', '0o7', '1e3', ' 5', '5 ', '+5', '-0', '', '.5', '5.', 'Infinity']) {
+      assert.throws(() => parseDuration(v), bad, `--duration ${JSON.stringify(v)}`);
+      assert.throws(() => parseDetailRate(v), bad, `--detail-rate ${JSON.stringify(v)}`);
+      assert.throws(() => parseRingBuffer(v), bad, `--ring-buffer ${JSON.stringify(v)}`);
+      assert.throws(() => parseStatsInterval(v), bad, `--stats-interval ${JSON.stringify(v)}`);
+      assert.throws(() => parseSpeed(v), bad, `--speed ${JSON.stringify(v)}`);
+    }
+    assert.throws(() => parseSpeed('0.0000001'), bad, 'a speed at which nothing would ever play');
   });
 });

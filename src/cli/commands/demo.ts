@@ -1,5 +1,6 @@
 import { Command } from 'commander';
 import { runDemo } from '../../demo';
+import { parseDecimal } from '../../decimal';
 
 export function registerDemo(program: Command): void {
   program
@@ -7,6 +8,6 @@ export function registerDemo(program: Command): void {
     .description('build the built-in lab (network namespaces only), trace curls to its ClusterIP, tear it down')
     .option('--requests <n>', 'number of curls to the ClusterIP', '5')
     .action(async (opts: { requests: string }) => {
-      await runDemo({ requests: Number(opts.requests) });
+      await runDemo({ requests: parseDecimal(opts.requests) });
     });
 }

@@ -18,6 +18,7 @@ import { addSelectionOptions, collect, parseDuration, readToken, SelectionOption
 import fs from 'node:fs';
 import path from 'node:path';
 import { terminalSafe, terminalSafeLine } from '../../output/terminal-safe';
+import { parseDecimal } from '../../decimal';
 
 /**
  * The recording `file` names, for the readers: a regular file as it is, a
@@ -35,7 +36,7 @@ async function withRecording<T>(file: string, use: (readable: string) => T | Pro
 }
 
 function parseSnaplen(v: string): number {
-  const n = Number(v);
+  const n = parseDecimal(v);
   if (!Number.isInteger(n) || n < 0 || n > MAX_SNAPLEN) throw new SvctraceError('BAD_INPUT', `--snaplen must be 0..${MAX_SNAPLEN}`);
   return n;
 }
@@ -67,7 +68,7 @@ export function registerEvidence(program: Command): void {
       const durationS = parseDuration(opts.duration);
       let maxBytes: number | undefined;
       if (opts.maxSize !== undefined) {
-        const mb = Number(opts.maxSize);
+        const mb = parseDecimal(opts.maxSize);
         if (!Number.isFinite(mb) || mb <= 0) throw new SvctraceError('BAD_INPUT', `--max-size '${opts.maxSize}' must be a number of MB > 0`);
         maxBytes = mb * 1024 * 1024;
       }

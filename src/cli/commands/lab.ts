@@ -4,6 +4,7 @@ import { SvctraceError } from '../../errors';
 import { svcPortName } from '../../lab/kube-rules';
 import { waitForStop } from '../../pipeline/lifecycle';
 import { parseDuration } from '../options';
+import { parseDecimal } from '../../decimal';
 
 export function registerLab(program: Command): void {
   program
@@ -17,7 +18,7 @@ export function registerLab(program: Command): void {
       if (!(PROXY_MODES as readonly string[]).includes(opts.proxyMode)) {
         throw new SvctraceError('BAD_INPUT', `--proxy-mode must be one of ${PROXY_MODES.join(', ')} (got '${opts.proxyMode}')`);
       }
-      const lab = await Lab.up({ pods: Number(opts.pods), remoteNode: true, proxyMode: opts.proxyMode as ProxyMode });
+      const lab = await Lab.up({ pods: parseDecimal(opts.pods), remoteNode: true, proxyMode: opts.proxyMode as ProxyMode });
       try {
         const lines = [
           `lab up: node namespace ${lab.nodeNetns} (kube-proxy ${lab.proxyMode} mode)`,
