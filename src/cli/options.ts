@@ -2,7 +2,7 @@
 import fs from 'node:fs';
 import { Command } from 'commander';
 import { SvctraceError } from '../errors';
-import { DEFAULT_DETAIL_RATE, DEFAULT_RING_BUFFER_BYTES, DEFAULT_STATS_INTERVAL_MS } from '../events/layout';
+import { DEFAULT_DETAIL_RATE, DEFAULT_RING_BUFFER_BYTES, DEFAULT_STATS_INTERVAL_MS, MAX_SNAPLEN } from '../events/layout';
 import { parseNodePortSpec, parseServiceSpec, ServiceSpec } from '../net/ipv4';
 import { discover } from '../discovery/discover';
 import { DiscoveredService, findByName, readersMissingText, tracedAddressesOf } from '../discovery/model';
@@ -121,6 +121,13 @@ export function selectionOf(opts: SelectionOptions, services: ServiceSpec[]): Pi
     detailRate: parseDetailRate(opts.detailRate),
     onWarning: warn,
   };
+}
+
+/** --snaplen bytes: 0..MAX_SNAPLEN (what the kernel copies per event). */
+export function parseSnaplen(v: string): number {
+  const n = parseDecimal(v);
+  if (!Number.isInteger(n) || n < 0 || n > MAX_SNAPLEN) throw new SvctraceError('BAD_INPUT', `--snaplen must be 0..${MAX_SNAPLEN}`);
+  return n;
 }
 
 /** --ring-buffer MiB: a power of two from 1 MiB to 1 GiB. */

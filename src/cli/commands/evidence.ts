@@ -14,7 +14,7 @@ import { eventLine } from '../../output/event-line';
 import { DEFAULT_LISTEN, StreamServer } from '../../stream/server';
 import { dashboardHandler } from '../../stream/static';
 import { MAX_SNAPLEN } from '../../events/layout';
-import { addSelectionOptions, collect, parseDuration, readToken, SelectionOptions, selectionOf, servicesFrom } from '../options';
+import { addSelectionOptions, collect, parseDuration, parseSnaplen, readToken, SelectionOptions, selectionOf, servicesFrom } from '../options';
 import fs from 'node:fs';
 import path from 'node:path';
 import { terminalSafe, terminalSafeLine } from '../../output/terminal-safe';
@@ -33,12 +33,6 @@ async function withRecording<T>(file: string, use: (readable: string) => T | Pro
   } finally {
     input.done();
   }
-}
-
-function parseSnaplen(v: string): number {
-  const n = parseDecimal(v);
-  if (!Number.isInteger(n) || n < 0 || n > MAX_SNAPLEN) throw new SvctraceError('BAD_INPUT', `--snaplen must be 0..${MAX_SNAPLEN}`);
-  return n;
 }
 
 function humanBytes(n: number): string {

@@ -7,8 +7,7 @@ import { jsonLinesSink } from '../../pipeline/sinks/json';
 import { liveDiagnoserSink } from '../../pipeline/sinks/diagnoser';
 import { SvctraceError } from '../../errors';
 import { MAX_SNAPLEN } from '../../events/layout';
-import { addSelectionOptions, parseDuration, SelectionOptions, selectionOf, servicesFrom } from '../options';
-import { parseDecimal } from '../../decimal';
+import { addSelectionOptions, parseDuration, parseSnaplen, SelectionOptions, selectionOf, servicesFrom } from '../options';
 
 function useColor(): boolean {
   return !!process.stdout.isTTY && !process.env.NO_COLOR;
@@ -21,8 +20,7 @@ export function registerTrace(program: Command): void {
     .option('--drops-only', 'show only failures: drops, resets, ICMP errors (text, json), or the flows that had one (flows)')
     .option('--snaplen <bytes>', `capture this many bytes of each packet into json output (0-${MAX_SNAPLEN})`, '0')
     .action(async (opts: SelectionOptions & { duration?: string; output: string; snaplen: string; dropsOnly?: boolean }) => {
-      const snaplen = parseDecimal(opts.snaplen);
-      if (!Number.isInteger(snaplen) || snaplen < 0 || snaplen > MAX_SNAPLEN) throw new SvctraceError('BAD_INPUT', `--snaplen must be 0..${MAX_SNAPLEN}`);
+      const snaplen = parseSnaplen(opts.snaplen);
       if (!['text', 'json', 'flows'].includes(opts.output)) throw new SvctraceError('BAD_INPUT', `--output must be text, flows or json, not '${opts.output}'`);
       const dropsOnly = !!opts.dropsOnly;
       const services = await servicesFrom(opts);
