@@ -1,11 +1,15 @@
 /**
  * Worker thread of KernelSymbols.loadInWorker: reads and parses the kernel's
- * symbol table off the JS thread and posts its arrays, moved, not copied.
+ * symbol table off the JS thread and posts its arrays (moved, not copied) on
+ * the port it was given, then raises `posted` for a JS thread waiting on it.
  */
-import { parentPort, workerData } from 'node:worker_threads';
+import { MessagePort, workerData } from 'node:worker_threads';
 import { KernelSymbols } from './kallsyms';
 
-const { file } = workerData as { file: string };
+const { file, port, posted } = workerData as { file: string; port: MessagePort; posted: Int32Array };
 const parts = KernelSymbols.load(file).parts();
 // The arrays own their buffers (parse makes each at its size): moved whole.
-parentPort?.postMessage(parts, [parts.starts.buffer, parts.nameAt.buffer, parts.moduleOf.buffer] as ArrayBuffer[]);
+port.postMessage(parts, [parts.starts.buffer, parts.nameAt.buffer, parts.moduleOf.buffer] as ArrayBuffer[]);
+Atomics.store(posted, 0, 1);
+Atomics.notify(posted, 0);
+port.close();

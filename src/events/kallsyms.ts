@@ -7,15 +7,15 @@
  * The table is read once and kept (3 MB for the ~120k functions of this
  * project's hosts): a kernel's functions do not change while svctrace runs
  * (a module loaded later is named by its hex address). A trace reads it on
- * a worker thread as it starts (`KernelSymbols.loadInWorker`): read and
- * parsed at the first drop, it took 150-400 ms of the JS thread, at the
- * moment an incident's drops begin, and its 5 MB of text went through the
- * pipeline's capped heap. Pure parsing and lookup here; the file is read by
- * `KernelSymbols.load`.
+ * a worker thread while its programs load (`KernelSymbols.loadInWorker`):
+ * read and parsed at the first drop, it took 150-400 ms of the JS thread,
+ * at the moment an incident's drops begin, and its 5 MB of text went
+ * through the pipeline's capped heap. Parsing and lookup here; the file is
+ * read by `KernelSymbols.load`.
  */
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
-import { Worker } from 'node:worker_threads';
+import { MessageChannel, receiveMessageOnPort, Worker } from 'node:worker_threads';
 
 /** A table's contents, as a worker posts them (the typed arrays moved, not copied). */
 export interface KernelSymbolsParts {
@@ -25,6 +25,22 @@ export interface KernelSymbolsParts {
   moduleOf: Uint16Array;
   modules: string[];
 }
+
+/** A table being read on a worker (KernelSymbols.loadInWorker). */
+export interface SymbolsAhead {
+  /** The table, once the worker posted it; rejects when it ends without one, or is cancelled. */
+  readonly result: Promise<KernelSymbols>;
+  /** The table now, waiting up to `waitMs` for the worker to finish; undefined when it did not (or was taken already). */
+  takeNow(waitMs: number): KernelSymbols | undefined;
+  /** Stops the worker; `result` rejects. */
+  cancel(): void;
+}
+
+/**
+ * How long the first drop waits for a read ahead still running: the rest of
+ * it is less than reading the table again on this thread (150-400 ms).
+ */
+const AHEAD_WAIT_MS = 2000;
 
 /** The worker's own heap limit: the file's text and the arrays built from it, with room to spare. */
 const WORKER_HEAP_MB = 64;
@@ -209,31 +225,69 @@ export class KernelSymbols {
   }
 
   /**
-   * `load` on a worker thread: the JS thread only takes the finished arrays.
-   * Rejects when the worker cannot run or ends without a table (`signal`
-   * aborted included); an unreadable file is an empty table, as with `load`.
-   * The worker never keeps the process alive.
+   * `load` on a worker thread: the JS thread only takes the finished arrays,
+   * when `result` resolves, or at once with `takeNow` (waiting for the rest
+   * of the worker's read, never doing it again). `result` rejects when the
+   * worker cannot run or ends without a table (`cancel` included); an
+   * unreadable file is an empty table, as with `load`. The worker keeps
+   * the process alive until it ends (a few hundred ms; `cancel` ends it).
    */
-  static loadInWorker(file = '/proc/kallsyms', signal?: AbortSignal): Promise<KernelSymbols> {
-    return new Promise((resolve, reject) => {
-      if (signal?.aborted) return reject(new Error('kallsyms: aborted'));
-      const worker = new Worker(path.join(__dirname, 'kallsyms-worker.js'), { workerData: { file }, resourceLimits: { maxOldGenerationSizeMb: WORKER_HEAP_MB } });
-      worker.unref();
-      const abort = (): void => void worker.terminate();
-      signal?.addEventListener('abort', abort, { once: true });
-      worker.once('message', (parts: KernelSymbolsParts) => {
-        try {
-          resolve(KernelSymbols.fromParts(parts));
-        } catch (e) {
-          reject(e);
-        }
-      });
-      worker.once('error', () => undefined); // its exit says it ended without a table
-      worker.once('exit', () => {
-        signal?.removeEventListener('abort', abort);
-        reject(new Error('kallsyms: the worker ended without a table')); // no-op once resolved
-      });
+  static loadInWorker(file = '/proc/kallsyms'): SymbolsAhead {
+    // The worker posts the table on its own port and then raises `posted`:
+    // the JS thread can wait for that flag and take the message from the
+    // port without returning to the event loop.
+    const posted = new Int32Array(new SharedArrayBuffer(4));
+    const { port1, port2 } = new MessageChannel();
+    let worker: Worker | undefined;
+    let settled = false;
+    let resolve: (t: KernelSymbols) => void = () => undefined;
+    let reject: (e: Error) => void = () => undefined;
+    const result = new Promise<KernelSymbols>((res, rej) => {
+      resolve = res;
+      reject = rej;
     });
+    const settle = (parts: KernelSymbolsParts | undefined): KernelSymbols | undefined => {
+      if (settled) return undefined;
+      settled = true;
+      port1.close();
+      let table: KernelSymbols | undefined;
+      try {
+        if (parts) table = KernelSymbols.fromParts(parts);
+      } catch {
+        // no table: rejected below
+      }
+      if (table) resolve(table);
+      else reject(new Error('kallsyms: the worker ended without a table'));
+      return table;
+    };
+    try {
+      worker = new Worker(path.join(__dirname, 'kallsyms-worker.js'), {
+        workerData: { file, port: port2, posted },
+        transferList: [port2],
+        resourceLimits: { maxOldGenerationSizeMb: WORKER_HEAP_MB },
+      });
+      port1.once('message', (parts: KernelSymbolsParts) => settle(parts));
+      port1.unref(); // after the listener, which refs it: the worker keeps the process up until it ends (and `result` settles)
+      worker.once('error', () => undefined); // its exit says it ended without a table
+      // A message posted before the end may not have been dispatched yet: taken here.
+      worker.once('exit', () => settle((receiveMessageOnPort(port1) as { message: KernelSymbolsParts } | undefined)?.message));
+    } catch {
+      settle(undefined);
+    }
+    return {
+      result,
+      takeNow(waitMs: number): KernelSymbols | undefined {
+        if (settled) return undefined;
+        Atomics.wait(posted, 0, 0, waitMs);
+        const m = receiveMessageOnPort(port1) as { message: KernelSymbolsParts } | undefined;
+        return m ? settle(m.message) : undefined;
+      },
+      cancel(): void {
+        if (settled) return;
+        void worker?.terminate();
+        settle(undefined);
+      },
+    };
   }
 
   /** The table's arrays, to post from a worker (see loadInWorker). */
@@ -281,28 +335,28 @@ export class KernelSymbols {
  * Names drop locations for the flow model: the running kernel's table, and
  * each address's answer kept (a node's drops come from a few dozen places;
  * at most `maxCached` addresses are kept, the rest looked up each time).
- * `prefetch` reads the table ahead, off the JS thread; a name asked for
- * before that table is in reads it on the spot (`load`), as every trace did
- * before.
+ * `prefetch` reads the table ahead, off the JS thread. A name asked for
+ * while that read runs waits for the rest of it (at most AHEAD_WAIT_MS);
+ * without one, or when it fails, the table is read on the spot (`load`).
  */
 export class DropLocations {
   private symbols?: KernelSymbols;
   private readonly cache = new Map<string, KernelLocation | null>();
-  private ahead?: AbortController;
+  private ahead?: SymbolsAhead;
 
   constructor(
     private readonly load: () => KernelSymbols = () => KernelSymbols.load(),
     private readonly maxCached = 4096,
-    private readonly loadAhead: (signal: AbortSignal) => Promise<KernelSymbols> = (signal) => KernelSymbols.loadInWorker(undefined, signal),
+    private readonly loadAhead: () => SymbolsAhead = () => KernelSymbols.loadInWorker(),
   ) {}
 
   /** Starts reading the table in the background (once); resolves when it is in, or could not be read ahead. */
   prefetch(): Promise<void> {
     if (this.symbols || this.ahead) return Promise.resolve();
-    const ahead = (this.ahead = new AbortController());
-    return this.loadAhead(ahead.signal).then(
+    const ahead = (this.ahead = this.loadAhead());
+    return ahead.result.then(
       (s) => {
-        if (!ahead.signal.aborted) this.symbols ??= s;
+        this.symbols ??= s;
       },
       () => undefined, // read on the spot at the first drop instead
     );
@@ -310,14 +364,14 @@ export class DropLocations {
 
   /** Stops a read ahead still running (a trace that stops). */
   close(): void {
-    this.ahead?.abort();
+    this.ahead?.cancel();
   }
 
   locate(hexAddr: string): KernelLocation | undefined {
     if (!hexAddr || hexAddr === '0') return undefined;
     const cached = this.cache.get(hexAddr);
     if (cached !== undefined) return cached ?? undefined;
-    this.symbols ??= this.load();
+    this.symbols ??= this.ahead?.takeNow(AHEAD_WAIT_MS) ?? this.load();
     const l = this.symbols.locate(hexAddr) ?? null;
     if (this.cache.size < this.maxCached) this.cache.set(hexAddr, l);
     return l ?? undefined;

@@ -177,6 +177,10 @@ export class Pipeline {
     const cluster = opts.kubeconfig === false ? null : await Cluster.start({ kubeconfig: opts.kubeconfig, onWarning: warn });
     let tracer: Tracer | undefined;
     let p: Pipeline | undefined;
+    // The kernel's symbol table, read on a worker while the programs load,
+    // not on the JS thread at the first drop (see events/kallsyms.ts).
+    const dropLocations = new DropLocations();
+    void dropLocations.prefetch();
     try {
       // Loading first: permission and verifier errors come before any output starts.
       tracer = Tracer.open({ backend: opts.attachBackend, snaplen: opts.snaplen, allPackets: opts.allPackets, ringBufferBytes: opts.ringBufferBytes, statsIntervalMs: opts.statsIntervalMs, detailRate: opts.allPackets ? 0 : (opts.detailRate ?? DEFAULT_DETAIL_RATE) });
@@ -190,7 +194,6 @@ export class Pipeline {
           return pod ? `pod ${pod}` : undefined;
         };
       }
-      const dropLocations = new DropLocations();
       const table = new FlowTable({
         services: opts.services,
         dropReasons: tracer.dropReasons(),
@@ -206,11 +209,8 @@ export class Pipeline {
       p.detailRate = opts.allPackets ? 0 : (opts.detailRate ?? DEFAULT_DETAIL_RATE);
       p.sinks = new SinkSet(await makeSinks(p.context()), warn);
       p.rulePaths = RulePaths.plan({ enabled: opts.ruleTrace !== false, discovery, table });
-      p.deliverFromKernel();
-      // The kernel's symbol table, read on a worker now rather than on the
-      // JS thread at the first drop (see events/kallsyms.ts).
       p.dropLocations = dropLocations;
-      void dropLocations.prefetch();
+      p.deliverFromKernel();
       p.expiryTimer = setInterval(() => p!.expireNow(), EXPIRE_EVERY_MS);
       p.expiryTimer.unref();
       const t = tracer;
@@ -234,6 +234,7 @@ export class Pipeline {
       p.netnsTimer.unref();
       return p;
     } catch (e) {
+      dropLocations.close();
       if (p) await p.stop().catch(() => undefined);
       else {
         tracer?.close();

@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { DropLocations, formatLocation, KernelSymbols } from '../../src/events/kallsyms';
+import { DropLocations, formatLocation, KernelSymbols, type SymbolsAhead } from '../../src/events/kallsyms';
 
 // As /proc/kallsyms lists them: code (t/T, w/W), data (d/D, b/B) that must
 // not name code, module symbols after a tab, and not in address order.
@@ -85,27 +85,46 @@ describe('DropLocations', () => {
 });
 
 describe('KernelSymbols.loadInWorker', () => {
-  it('reads and parses on a worker thread: the same names as parse, from the arrays it moved', async () => {
+  const withFile = async (text: string, use: (file: string) => Promise<void>) => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'svt-kallsyms-'));
     try {
       const file = path.join(dir, 'kallsyms');
-      fs.writeFileSync(file, TEXT, 'latin1');
-      const t = await KernelSymbols.loadInWorker(file);
-      const here = KernelSymbols.parse(TEXT);
-      assert.equal(t.size, here.size);
-      for (const a of ['ffffffff81f8269c', 'ffffffff81f82705', 'ffffffff81e94f90', 'ffffffffc0a0101f', 'ffffffff82a00010', 'ffffffff80ffffff'])
-        assert.deepEqual(t.locate(a), here.locate(a), a);
-      assert.equal(formatLocation(t.locate('ffffffffc0a0101f')!), 'nft_do_chain+0x1f [nf_tables]');
+      fs.writeFileSync(file, text, 'latin1');
+      await use(file);
     } finally {
       fs.rmSync(dir, { recursive: true, force: true });
     }
+  };
+  const here = KernelSymbols.parse(TEXT);
+  const sameNames = (t: KernelSymbols) => {
+    assert.equal(t.size, here.size);
+    for (const a of ['ffffffff81f8269c', 'ffffffff81f82705', 'ffffffff81e94f90', 'ffffffffc0a0101f', 'ffffffff82a00010', 'ffffffff80ffffff'])
+      assert.deepEqual(t.locate(a), here.locate(a), a);
+  };
+
+  it('reads and parses on a worker thread: the same names as parse, from the arrays it moved', async () => {
+    await withFile(TEXT, async (file) => {
+      sameNames(await KernelSymbols.loadInWorker(file).result);
+    });
   });
 
-  it('an unreadable file is an empty table, as with load; an aborted read rejects', async () => {
-    assert.equal((await KernelSymbols.loadInWorker('/nonexistent/kallsyms')).size, 0);
-    const ac = new AbortController();
-    ac.abort();
-    await assert.rejects(KernelSymbols.loadInWorker('/nonexistent/kallsyms', ac.signal));
+  it('takeNow waits for the worker on the JS thread and takes its table without the event loop; once', async () => {
+    await withFile(TEXT, async (file) => {
+      const ahead = KernelSymbols.loadInWorker(file);
+      const t = ahead.takeNow(10_000); // no await: the worker has not even started when this begins
+      assert.ok(t, 'the table, waited for');
+      sameNames(t);
+      assert.equal(ahead.takeNow(0), undefined, 'taken already');
+      sameNames(await ahead.result);
+    });
+  });
+
+  it('an unreadable file is an empty table, as with load; a cancelled read rejects and gives nothing', async () => {
+    assert.equal((await KernelSymbols.loadInWorker('/nonexistent/kallsyms').result).size, 0);
+    const ahead = KernelSymbols.loadInWorker('/nonexistent/kallsyms');
+    ahead.cancel();
+    await assert.rejects(ahead.result);
+    assert.equal(ahead.takeNow(0), undefined);
   });
 
   it('parts that do not make a table are refused, not half used', () => {
@@ -123,52 +142,87 @@ describe('DropLocations.prefetch', () => {
   const refuse = (): KernelSymbols => {
     throw new Error('read on the JS thread');
   };
+  /** A read ahead that the test finishes (or fails) by hand. */
+  const manual = () => {
+    let finish: (t: KernelSymbols) => void = () => undefined;
+    let fail: (e: Error) => void = () => undefined;
+    const result = new Promise<KernelSymbols>((res, rej) => {
+      finish = res;
+      fail = rej;
+    });
+    let cancelled = false;
+    let waitedFor: KernelSymbols | undefined;
+    const ahead: SymbolsAhead = {
+      result,
+      takeNow: () => waitedFor,
+      cancel: () => {
+        cancelled = true;
+        fail(new Error('cancelled'));
+      },
+    };
+    return { ahead, finish, fail, cancelled: () => cancelled, readyForTake: (t: KernelSymbols) => (waitedFor = t) };
+  };
 
   it('a table read ahead serves the first drop: nothing read on the spot', async () => {
     let aheads = 0;
+    const m = manual();
     const d = new DropLocations(refuse, 16, () => {
       aheads++;
-      return Promise.resolve(KernelSymbols.parse(TEXT));
+      return m.ahead;
     });
-    await d.prefetch();
+    const p = d.prefetch();
+    m.finish(KernelSymbols.parse(TEXT));
+    await p;
     await d.prefetch();
     assert.equal(aheads, 1, 'read ahead once');
     assert.equal(d.locate('ffffffff81f8269c')?.func, 'nf_hook_slow');
   });
 
-  it('a read ahead that fails, or is still running, leaves the first drop to read it on the spot', async () => {
+  it('a drop during the read ahead waits for it (takeNow), and does not read the table again', () => {
+    const m = manual();
+    const d = new DropLocations(refuse, 16, () => m.ahead);
+    void d.prefetch();
+    m.readyForTake(KernelSymbols.parse(TEXT));
+    assert.equal(d.locate('ffffffff82055860')?.func, 'ip_rcv_core');
+  });
+
+  it('a read ahead that failed, or did not finish in time, leaves the first drop to read it on the spot', async () => {
     let loads = 0;
     const onTheSpot = (): KernelSymbols => {
       loads++;
       return KernelSymbols.parse(TEXT);
     };
-    const failed = new DropLocations(onTheSpot, 16, () => Promise.reject(new Error('no worker')));
-    await failed.prefetch();
-    assert.equal(failed.locate('ffffffff82055860')?.func, 'ip_rcv_core');
+    const failed = manual();
+    const a = new DropLocations(onTheSpot, 16, () => failed.ahead);
+    const p = a.prefetch();
+    failed.fail(new Error('no worker'));
+    await p;
+    assert.equal(a.locate('ffffffff82055860')?.func, 'ip_rcv_core');
     assert.equal(loads, 1);
-
-    let finish: (t: KernelSymbols) => void = () => undefined;
-    const slow = new DropLocations(onTheSpot, 16, () => new Promise((r) => (finish = r)));
-    const ahead = slow.prefetch();
-    assert.equal(slow.locate('ffffffff82055860')?.func, 'ip_rcv_core');
-    assert.equal(loads, 2, 'not waited for');
-    finish(KernelSymbols.parse(''));
-    await ahead;
-    assert.equal(slow.locate('ffffffff81f8269c')?.func, 'nf_hook_slow', 'the table read first stays');
+    const slow = manual(); // takeNow gives nothing: still running after the wait
+    const b = new DropLocations(onTheSpot, 16, () => slow.ahead);
+    const q = b.prefetch();
+    assert.equal(b.locate('ffffffff82055860')?.func, 'ip_rcv_core');
+    assert.equal(loads, 2);
+    slow.finish(KernelSymbols.parse(''));
+    await q;
+    assert.equal(b.locate('ffffffff81f8269c')?.func, 'nf_hook_slow', 'the table read first stays');
   });
 
-  it('close stops the read ahead: what it brings later is not taken', async () => {
-    let finish: (t: KernelSymbols) => void = () => undefined;
-    let aborted = false;
-    const d = new DropLocations(() => KernelSymbols.parse(TEXT), 16, (signal) => {
-      signal.addEventListener('abort', () => (aborted = true));
-      return new Promise((r) => (finish = r));
-    });
-    const ahead = d.prefetch();
+  it('close cancels the read ahead', async () => {
+    const m = manual();
+    const d = new DropLocations(() => KernelSymbols.parse(TEXT), 16, () => m.ahead);
+    const p = d.prefetch();
     d.close();
-    assert.equal(aborted, true);
-    finish(KernelSymbols.parse(''));
-    await ahead;
-    assert.equal(d.locate('ffffffff81f8269c')?.func, 'nf_hook_slow', 'the empty table that came after close was not taken');
+    assert.equal(m.cancelled(), true);
+    await p;
+    assert.equal(d.locate('ffffffff81f8269c')?.func, 'nf_hook_slow');
+  });
+
+  it('in a real worker: a drop right after the read began gets the worker\'s table', () => {
+    const d = new DropLocations(refuse, 16, () => KernelSymbols.loadInWorker(process.env.SVT_TEST_KALLSYMS ?? '/nonexistent/kallsyms'));
+    void d.prefetch();
+    // An unreadable file is an empty table: no name, and nothing read on the spot (refuse would throw).
+    assert.equal(d.locate('ffffffff81f8269c'), undefined);
   });
 });
