@@ -3,6 +3,7 @@
  * event stream), /healthz, /metrics, and / (the dashboard, when built).
  * Authentication and origin checks happen before the WebSocket upgrade.
  */
+import { isIPv6 } from 'node:net';
 import type { Ingested } from '../flows/types';
 import http from 'node:http';
 import https from 'node:https';
@@ -37,8 +38,9 @@ export interface ServeOptions {
 
 /** Parses host:port ([v6]:port allowed); BAD_INPUT on junk. */
 export function parseListen(listen: string): { host: string; port: number } {
-  const m = /^(?:\[([0-9a-fA-F:.]+)\]|([^:\s]+)):(\d{1,5})$/.exec(listen.trim());
-  if (!m) throw new SvctraceError('BAD_INPUT', `--listen '${listen}' must look like HOST:PORT, e.g. 127.0.0.1:7643`);
+  // HOST: an IPv4 address or a host name, or an IPv6 address in brackets.
+  const m = /^(?:\[([0-9a-fA-F:.]+)\]|([A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)):(\d{1,5})$/.exec(listen.trim());
+  if (!m || (m[1] !== undefined && !isIPv6(m[1]))) throw new SvctraceError('BAD_INPUT', `--listen '${listen}' must look like HOST:PORT, e.g. 127.0.0.1:7643`);
   const port = Number(m[3]);
   if (port > 65535) throw new SvctraceError('BAD_INPUT', `--listen '${listen}': port must be 0-65535`);
   return { host: (m[1] ?? m[2])!, port };

@@ -13,7 +13,7 @@ import { EventEmitter } from 'node:events';
 import { Hub } from '../../src/stream/hub';
 import { ClientConn } from '../../src/stream/client-conn';
 import { DEFAULT_LIMITS } from '../../src/stream/limits';
-import { StreamServer } from '../../src/stream/server';
+import { parseListen, StreamServer } from '../../src/stream/server';
 import { compileFilter } from '../../src/stream/filter';
 import { eventsFrame, encodeEvents, frameMemory, serverFrame } from '../../src/stream/frames';
 import { SvctraceError } from '../../src/errors';
@@ -443,5 +443,15 @@ describe('compileFilter', () => {
     assert.equal(f({ kind: pb.EventKind.EVENT_KIND_DROP, backend: '10.244.1.11:8080' }), true);
     assert.equal(f({ kind: pb.EventKind.EVENT_KIND_DROP, backend: '10.244.1.12:8080' }), false);
     assert.equal(f({ kind: pb.EventKind.EVENT_KIND_NETFILTER, backend: '10.244.1.10:8080' }), false);
+  });
+});
+
+describe('parseListen', () => {
+  it('takes HOST:PORT with an IPv4 address, a host name or a bracketed IPv6 address; refuses junk', () => {
+    assert.deepEqual(parseListen('127.0.0.1:7643'), { host: '127.0.0.1', port: 7643 });
+    assert.deepEqual(parseListen('localhost:0'), { host: 'localhost', port: 0 });
+    assert.deepEqual(parseListen('[::1]:80'), { host: '::1', port: 80 });
+    for (const bad of ['[]:80', '[zz]:1', '*:80', ':80', '127.0.0.1', '127.0.0.1:99999', 'a b:80', '-host:80'])
+      assert.throws(() => parseListen(bad), (e: unknown) => e instanceof SvctraceError && e.code === 'BAD_INPUT', bad);
   });
 });
