@@ -7,9 +7,13 @@ import { MessagePort, workerData } from 'node:worker_threads';
 import { KernelSymbols } from './kallsyms';
 
 const { file, port, posted } = workerData as { file: string; port: MessagePort; posted: Int32Array };
-const parts = KernelSymbols.load(file).parts();
-// The arrays own their buffers (parse makes each at its size): moved whole.
-port.postMessage(parts, [parts.starts.buffer, parts.nameAt.buffer, parts.moduleOf.buffer] as ArrayBuffer[]);
-Atomics.store(posted, 0, 1);
-Atomics.notify(posted, 0);
-port.close();
+try {
+  const parts = KernelSymbols.load(file).parts();
+  // The arrays own their buffers (parse makes each at its size): moved whole.
+  port.postMessage(parts, [parts.starts.buffer, parts.nameAt.buffer, parts.moduleOf.buffer] as ArrayBuffer[]);
+} finally {
+  // Raised whatever happened: a JS thread waiting on it stops waiting (and finds no message if none came).
+  Atomics.store(posted, 0, 1);
+  Atomics.notify(posted, 0);
+  port.close();
+}

@@ -13,7 +13,7 @@
  * through the pipeline's capped heap. Parsing and lookup here; the file is
  * read by `KernelSymbols.load`.
  */
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { MessageChannel, receiveMessageOnPort, Worker } from 'node:worker_threads';
 
@@ -42,9 +42,11 @@ export interface SymbolsAhead {
  * began): by then the rest of the read is a few ms (startup benchmark: 24
  * ms in all, against 207 ms reading the table on the spot). Only a drop at
  * the very moment the read begins waits longer than reading it again (281
- * ms: the worker's own start-up).
+ * ms: the worker's own start-up). A worker that is not done by then (a
+ * machine far slower, or a worker that died without a word) costs this
+ * wait on top of the read on the spot.
  */
-const AHEAD_WAIT_MS = 2000;
+const AHEAD_WAIT_MS = 500;
 
 /** The worker's own heap limit: the file's text and the arrays built from it, with room to spare. */
 const WORKER_HEAP_MB = 64;
@@ -231,7 +233,7 @@ export class KernelSymbols {
   /**
    * `load` on a worker thread: the JS thread only takes the finished arrays,
    * when `result` resolves, or at once with `takeNow` (waiting for the rest
-   * of the worker's read, never doing it again). `result` rejects when the
+   * of the worker's read, at most `waitMs`). `result` rejects when the
    * worker cannot run or ends without a table (`cancel` included); an
    * unreadable file is an empty table, as with `load`. The worker keeps
    * the process alive until it ends (a few hundred ms; `cancel` ends it).
@@ -265,7 +267,11 @@ export class KernelSymbols {
       return table;
     };
     try {
-      worker = new Worker(path.join(__dirname, 'kallsyms-worker.js'), {
+      const script = path.join(__dirname, 'kallsyms-worker.js');
+      // A worker whose script is missing (a damaged install) fails only
+      // later, asynchronously: no worker then, and no wait for one.
+      if (!existsSync(script)) throw new Error(`${script} is missing`);
+      worker = new Worker(script, {
         workerData: { file, port: port2, posted },
         transferList: [port2],
         resourceLimits: { maxOldGenerationSizeMb: WORKER_HEAP_MB },

@@ -432,8 +432,9 @@ export class Pipeline {
     clearInterval(this.memoryTimer);
     clearInterval(this.netnsTimer);
     this.rulePaths?.stop();
-    this.dropLocations?.close();
     await this.tracer.drain(DRAIN_MS);
+    // After the drain: a drop in it may still take the table read ahead.
+    this.dropLocations?.close();
     this.refreshCounters(); // the summary counts every packet so far
     this.tracer.close();
     this.delivering = false;

@@ -100,7 +100,8 @@ export function exportPcapng(input: string, output: string): PcapExport {
         // No more than the interface's snaplen says (a recording's capture is
         // at most MAX_SNAPLEN; a crafted one may hold more).
         const data = e.packetData.length > PCAP_SNAPLEN ? e.packetData.subarray(0, PCAP_SNAPLEN) : e.packetData;
-        writeAll(fd, output, enhancedPacket(id, wallClockNs(sofar.header, e.tsNs), data, e.length ?? e.packetData.length, `flow ${String(e.flowId)}: ${eventSummary(e)}`));
+        // The packet's length on the wire is never less than what was captured of it.
+        writeAll(fd, output, enhancedPacket(id, wallClockNs(sofar.header, e.tsNs), data, Math.max(e.length ?? 0, data.length), `flow ${String(e.flowId)}: ${eventSummary(e)}`));
         packets++;
       }
     });

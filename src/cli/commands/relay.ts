@@ -7,6 +7,7 @@ import { dashboardHandler } from '../../stream/static';
 import { collect, parseDuration, readToken, warn } from '../options';
 import { Cluster } from '../../k8s/cluster';
 import { addServerOptions, readFileOpt, ServerCliOptions, serverOptionsOf } from '../server-options';
+import { terminalSafeLine } from '../../output/terminal-safe';
 
 interface RelayCliOptions extends ServerCliOptions {
   agent: string[];
@@ -89,6 +90,7 @@ export function registerRelay(program: Command): void {
       clearInterval(resync);
       await relay.stop();
       await cluster?.stop();
-      for (const n of relay.nodes()) process.stderr.write(`  node ${n.node || '?'} (${n.url}): ${n.events} events, ${n.lost} lost, ${n.reconnects} reconnects, ${n.state}\n`);
+      // Node names come from the agents: shown as text, never as terminal controls.
+      for (const n of relay.nodes()) process.stderr.write(terminalSafeLine(`  node ${n.node || '?'} (${n.url}): ${n.events} events, ${n.lost} lost, ${n.reconnects} reconnects, ${n.state}`) + '\n');
     });
 }

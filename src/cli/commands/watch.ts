@@ -6,7 +6,7 @@ import { DEFAULT_LISTEN, EVENTS_PATH } from '../../stream/server';
 import { waitForStop } from '../../pipeline/lifecycle';
 import { eventLine } from '../../output/event-line';
 import { collect, parseDuration, readToken } from '../options';
-import { terminalSafe, terminalSafeLine } from '../../output/terminal-safe';
+import { terminalSafeLine } from '../../output/terminal-safe';
 import { compileFilter } from '../../stream/filter';
 
 interface WatchOptions {
@@ -64,22 +64,22 @@ export function registerWatch(program: Command): void {
                 );
                 if (lines.length) process.stdout.write(lines.join('\n') + '\n');
               },
-              error: (e) => process.stderr.write(`svctrace: server says ${terminalSafe(`${e.code}: ${e.message}`)}\n`),
-              diagnosis: (d) => process.stdout.write(terminalSafe(`[diagnosis]${d.node ? ` [${d.node}]` : ''} [${(d.severity ?? '').toUpperCase()}] ${d.code}${d.layer ? ` (${d.layer})` : ''} ${d.service}${d.object ? ` ${d.object}` : ''}: ${d.summary}`) + '\n'),
+              error: (e) => process.stderr.write(`svctrace: server says ${terminalSafeLine(`${e.code}: ${e.message}`)}\n`),
+              diagnosis: (d) => process.stdout.write(terminalSafeLine(`[diagnosis]${d.node ? ` [${d.node}]` : ''} [${(d.severity ?? '').toUpperCase()}] ${d.code}${d.layer ? ` (${d.layer})` : ''} ${d.service}${d.object ? ` ${d.object}` : ''}: ${d.summary}`) + '\n'),
               close: (code, reason) => {
-                if (!userClosed) closedBy = `server closed the stream (${code}${reason ? `: ${reason}` : ''})`;
+                if (!userClosed) closedBy = terminalSafeLine(`server closed the stream (${code}${reason ? `: ${reason}` : ''})`);
                 resolve();
               },
             },
           ).catch((e: Error) => {
-            closedBy = e.message;
+            closedBy = terminalSafeLine(e.message);
             resolve();
             return undefined;
           });
           if (!client) return;
           const nodes = client.hello?.nodes ?? [];
           process.stderr.write(
-            `svctrace: connected to ${nodes.length ? `relay ${client.hello?.node ?? '?'} (nodes: ${nodes.map((n) => `${n.node || n.url} ${n.state}`).join(', ')})` : (client.hello?.node ?? '?')} (svctrace ${client.hello?.serverVersion}${client.hello?.attachBackend ? `, backend ${client.hello.attachBackend.split(':')[0]}` : ''}), tracing ${(client.hello?.services ?? []).join(', ')}\n`,
+            terminalSafeLine(`svctrace: connected to ${nodes.length ? `relay ${client.hello?.node ?? '?'} (nodes: ${nodes.map((n) => `${n.node || n.url} ${n.state}`).join(', ')})` : (client.hello?.node ?? '?')} (svctrace ${client.hello?.serverVersion}${client.hello?.attachBackend ? `, backend ${client.hello.attachBackend.split(':')[0]}` : ''}), tracing ${(client.hello?.services ?? []).join(', ')}`) + '\n',
           );
           await waitForStop(duration);
           userClosed = true;
