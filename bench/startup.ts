@@ -25,7 +25,7 @@ function cliStartup(netns: string): Promise<number> {
         child.once('exit', () => resolve(ms));
       }
     });
-    child.once('exit', (c) => (c !== 0 && !err.includes('Ctrl-C') ? reject(new Error(err)) : undefined));
+    child.once('close', (c) => (c !== 0 && !err.includes('Ctrl-C') ? reject(new Error(err)) : undefined));
   });
 }
 

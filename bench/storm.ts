@@ -107,7 +107,8 @@ export async function startStorm(lab: Lab, seconds: number): Promise<Wrk> {
   let out = '';
   child.stdout!.on('data', (d) => (out += d));
   const done = new Promise<string>((resolve) => {
-    child.once('exit', () => resolve(out));
+    // 'close', not 'exit': 'exit' can come before the pipe's last data.
+    child.once('close', () => resolve(out));
     child.once('error', (e) => resolve(`wrk: ${e.message}`));
   });
   // wrk stops itself after -d; this deadline only guards against a wedged wrk.

@@ -149,7 +149,8 @@ describe('attach backends agree (kernel)', () => {
           h.stdout!.on('data', (d) => (out += d));
           h.stderr!.on('data', (d) => (out += d));
           h.on('error', (e) => resolve(String(e)));
-          h.on('exit', (code) => resolve(`${out.trim()} (exit ${code})`));
+          // 'close', not 'exit': 'exit' can come before the pipe's last data.
+          h.on('close', (code) => resolve(`${out.trim()} (exit ${code})`));
         }),
     );
     try {

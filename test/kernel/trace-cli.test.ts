@@ -24,7 +24,8 @@ function startTrace(args: string[]): { child: ChildProcess; out: () => string; e
   let err = '';
   child.stdout!.on('data', (d) => (out += d));
   child.stderr!.on('data', (d) => (err += d));
-  const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
+  // 'close', not 'exit': 'exit' can come before the pipes' last data.
+  const exited = new Promise<number | null>((resolve) => child.on('close', (code) => resolve(code)));
   return { child, out: () => out, err: () => err, exited };
 }
 
