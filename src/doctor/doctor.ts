@@ -115,7 +115,7 @@ export function detectKubeProxyMode(netnsPath?: string): { mode: 'iptables' | 'n
 
 /** Runs every check. `netns` names the namespace whose rules are inspected (default: our own). */
 export function runDoctor(opts: { netns?: string } = {}): DoctorReport {
-  const netnsPath = opts.netns ? resolveNetns(opts.netns) : undefined;
+  const netnsPath = opts.netns !== undefined ? resolveNetns(opts.netns) : undefined;
   const kernel = fs.readFileSync('/proc/sys/kernel/osrelease', 'utf8').trim();
   const config = readKernelConfig();
   const checks: Check[] = [];

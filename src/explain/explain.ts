@@ -95,7 +95,7 @@ export function resolveTarget(d: Discovery, target: string): { services: Discove
 }
 
 export async function explain(opts: ExplainOptions): Promise<Explanation[]> {
-  const netns = opts.netns ? resolveNetns(opts.netns) : CURRENT_NETNS;
+  const netns = opts.netns !== undefined ? resolveNetns(opts.netns) : CURRENT_NETNS;
   const d = await discover(netns);
   // Rules that could not be read are not missing rules: say which it is.
   if (d.unreadable) throw new SvctraceError('NOT_PERMITTED', `cannot read the node's kube-proxy rules (${d.unreadable}): run as root or with CAP_NET_ADMIN`);

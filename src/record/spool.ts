@@ -4,7 +4,8 @@
  * verify /dev/stdin`). The reader checks a recording against its size and
  * reads its chunks by offset, which a stream cannot give: a stream is first
  * copied to a temporary file (disk, not memory: a recording may be larger
- * than svctrace's heap), read from there, and removed after.
+ * than svctrace's heap), unnamed from the start, read through its
+ * descriptor and freed when it is closed (or the process ends, however).
  */
 import fs from 'node:fs';
 import os from 'node:os';
@@ -17,7 +18,7 @@ export interface RecordingInput {
   file: string;
   /** Bytes copied from a stream (undefined: a regular file, read where it is). */
   spooledBytes?: number;
-  /** Removes the copy (nothing for a regular file). Idempotent. */
+  /** Frees the copy (closes its descriptor; nothing for a regular file). Idempotent. */
   done(): void;
 }
 
@@ -64,28 +65,44 @@ export function openRecordingInput(p: string, tmpDir = os.tmpdir()): RecordingIn
   } catch (e) {
     throw cannotRead(p, e);
   }
-  let dir: string | undefined;
+  let copyFd: number | undefined;
   try {
-    dir = fs.mkdtempSync(path.join(tmpDir, 'svctrace-recording-'));
-    const file = path.join(dir, 'recording.svtr');
-    const total = copyStream(fd, p, file);
-    const copy = dir;
-    let removed = false;
+    copyFd = unlinkedFile(tmpDir);
+    const total = copyStream(fd, p, copyFd);
+    const copy = copyFd;
+    let closed = false;
     const done = (): void => {
-      if (removed) return;
-      removed = true;
-      process.removeListener('exit', done);
-      fs.rmSync(copy, { recursive: true, force: true });
+      if (closed) return;
+      closed = true;
+      fs.closeSync(copy);
     };
-    // Removed however the command ends (an error, Ctrl-C during a replay).
-    process.once('exit', done);
-    return { file, spooledBytes: total, done };
+    // The readers open the copy by its descriptor's /proc path.
+    return { file: `/proc/self/fd/${copy}`, spooledBytes: total, done };
   } catch (e) {
-    if (dir) fs.rmSync(dir, { recursive: true, force: true });
+    if (copyFd !== undefined) fs.closeSync(copyFd);
     if (e instanceof SvctraceError) throw e;
     throw new SvctraceError('BAD_INPUT', `cannot copy ${p} to a temporary file to read it (${tmpDir}): ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
   } finally {
     if (ownFd === undefined) fs.closeSync(fd);
+  }
+}
+
+/**
+ * A new file in `tmpDir`, open for reading and writing, whose name is gone
+ * before anything is written to it: the copy of an endless stream is
+ * stopped with Ctrl-C (the copy is synchronous, so the signal ends the
+ * process), and however the process ends, closing the descriptor frees it
+ * and nothing is left in `tmpDir`.
+ */
+function unlinkedFile(tmpDir: string): number {
+  const dir = fs.mkdtempSync(path.join(tmpDir, 'svctrace-recording-'));
+  try {
+    const file = path.join(dir, 'recording.svtr');
+    const fd = fs.openSync(file, 'wx+', 0o600);
+    fs.unlinkSync(file);
+    return fd;
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
   }
 }
 
@@ -102,32 +119,27 @@ function ownDescriptor(p: string): number | undefined {
  * further than its first read (the readers then say what it is not):
  * `verify /dev/zero` copied zeros until the disk was full.
  */
-function copyStream(fd: number, p: string, file: string): number {
-  const out = fs.openSync(file, 'wx', 0o600);
+function copyStream(fd: number, p: string, out: number): number {
   const buf = Buffer.allocUnsafe(COPY_BYTES);
   let total = 0;
   const head = Buffer.alloc(MAGIC.length);
-  try {
-    for (;;) {
-      const seen = Math.min(total, MAGIC.length);
-      if (seen > 0 && !head.subarray(0, seen).equals(MAGIC.subarray(0, seen))) return total;
-      let n: number;
-      try {
-        n = fs.readSync(fd, buf, 0, buf.length, null);
-      } catch (e) {
-        // A non-blocking stream (a terminal, a pipe a shell made so) says so instead of waiting.
-        if ((e as NodeJS.ErrnoException).code === 'EAGAIN') {
-          Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 10);
-          continue;
-        }
-        throw cannotRead(p, e);
+  for (;;) {
+    const seen = Math.min(total, MAGIC.length);
+    if (seen > 0 && !head.subarray(0, seen).equals(MAGIC.subarray(0, seen))) return total;
+    let n: number;
+    try {
+      n = fs.readSync(fd, buf, 0, buf.length, null);
+    } catch (e) {
+      // A non-blocking stream (a terminal, a pipe a shell made so) says so instead of waiting.
+      if ((e as NodeJS.ErrnoException).code === 'EAGAIN') {
+        Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 10);
+        continue;
       }
-      if (n === 0) return total;
-      if (total < MAGIC.length) buf.copy(head, total, 0, Math.min(n, MAGIC.length - total));
-      for (let at = 0; at < n; ) at += fs.writeSync(out, buf, at, n - at);
-      total += n;
+      throw cannotRead(p, e);
     }
-  } finally {
-    fs.closeSync(out);
+    if (n === 0) return total;
+    if (total < MAGIC.length) buf.copy(head, total, 0, Math.min(n, MAGIC.length - total));
+    for (let at = 0; at < n; ) at += fs.writeSync(out, buf, at, n - at);
+    total += n;
   }
 }

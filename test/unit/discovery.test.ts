@@ -13,7 +13,8 @@ import { parseNftKubeProxy } from '../../src/discovery/nftables';
 import { findByName, findByAddress, findByAnyAddress, tracedAddressesOf } from '../../src/discovery/model';
 import { parseIpvsadm, withIptablesMasquerade, withIpvsNodePorts } from '../../src/discovery/ipvs';
 import { renderIpvs } from '../../src/lab/kube-ipvs';
-import { formatExplanation } from '../../src/explain/explain';
+import { explain, formatExplanation } from '../../src/explain/explain';
+import { runDoctor } from '../../src/doctor/doctor';
 import { BackendState, BackendView, Diagnosis, diagnoseBackends, diagnoseRules, diagnoseTraffic } from '../../src/explain/diagnose';
 import { KubeService, renderFilterTable, renderNatTable } from '../../src/lab/kube-rules';
 
@@ -320,5 +321,12 @@ TCP  10.250.0.1:30050 rr
     assert.deepEqual(errors(unexplained), []);
     assert.deepEqual(unexplained.map((d) => `${d.code} ${d.severity}`), ['IPVS_NOT_FORWARDED warning']);
     assert.match(unexplained[0]!.summary, /^3 of 6 connections to 10\.96\.0\.100:80 showed no DNAT by IPVS/);
+  });
+});
+
+describe('--netns given empty', () => {
+  it("doctor and explain refuse it (bad input), never inspecting their own namespace's rules instead", async () => {
+    assert.throws(() => runDoctor({ netns: '' }), { code: 'BAD_INPUT', message: /empty/ });
+    await assert.rejects(explain({ target: '10.96.0.100:80', netns: '' }), { code: 'BAD_INPUT', message: /empty/ });
   });
 });

@@ -162,7 +162,7 @@ describe('recordings', () => {
     assert.equal(v.status, 0, v.stdout + v.stderr);
     assert.match(v.stdout, /^\/dev\/stdin: \d+ chunks, 30 events/);
     assert.match(v.stdout, /OK: complete, the hash chain is intact/);
-    assert.match(v.stderr, /\/dev\/stdin is a stream: read in full first \([\d.]+ KiB, in a temporary file removed after\)/);
+    assert.match(v.stderr, /\/dev\/stdin is a stream: read in full first \([\d.]+ KiB, into an unnamed temporary file\)/);
     // '-' is stdin too; stdin redirected from a file is read where it is, not copied.
     const dash = spawnSync(process.execPath, [CLI, 'verify', '-'], { input: fs.readFileSync(good), encoding: 'utf8' });
     assert.equal(dash.status, 0, dash.stdout + dash.stderr);
@@ -300,6 +300,34 @@ const i = openRecordingInput('/dev/stdin', ${JSON.stringify(dir)}); process.stdo
     const v = spawnSync(process.execPath, [CLI, 'verify', '/dev/stdin'], { input: Buffer.alloc(3 << 20), encoding: 'utf8', timeout: 60_000 });
     assert.equal(v.status, 1);
     assert.match(v.stdout, /not a svctrace recording \(bad magic bytes at offset 0\)/);
+  });
+
+  it('an endless stream being copied: nothing of the copy is ever named in the temporary directory, and Ctrl-C ends it', async () => {
+    const tmp = fs.mkdtempSync(path.join(dir, 'endless-'));
+    const { spawn } = await import('node:child_process');
+    const v = spawn(process.execPath, [CLI, 'verify', '/dev/stdin'], { stdio: ['pipe', 'ignore', 'pipe'], env: { ...process.env, TMPDIR: tmp } });
+    let err = '';
+    v.stderr!.on('data', (d) => (err += d));
+    const closed = new Promise<[number | null, NodeJS.Signals | null]>((resolve) => v.on('close', (code, signal) => resolve([code, signal])));
+    v.stdin!.on('error', () => undefined); // EPIPE once it is gone
+    // A recording's start, then bytes forever (1 MiB at a time, as read).
+    const head = fs.readFileSync(good).subarray(0, 64);
+    const more = Buffer.alloc(1 << 20);
+    let sent = 0;
+    const feed = (): void => {
+      if (v.exitCode !== null || v.signalCode !== null) return;
+      sent += more.length;
+      if (v.stdin!.write(more)) setImmediate(feed);
+      else v.stdin!.once('drain', feed);
+    };
+    v.stdin!.write(head);
+    feed();
+    while (sent < 32 << 20) await new Promise((r) => setTimeout(r, 20));
+    assert.deepEqual(fs.readdirSync(tmp), [], 'the copy has no name while it is written');
+    v.kill('SIGINT');
+    const [code, signal] = await closed;
+    assert.ok(signal === 'SIGINT' || code === 130, `ended by Ctrl-C: ${code} ${signal} ${err}`);
+    assert.deepEqual(fs.readdirSync(tmp), [], 'nothing left behind');
   });
 
   it('a flipped byte in a chunk header is caught too', () => {

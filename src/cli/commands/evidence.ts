@@ -27,7 +27,7 @@ import { parseDecimal } from '../../decimal';
  */
 async function withRecording<T>(file: string, use: (readable: string) => T | Promise<T>): Promise<T> {
   const input = openRecordingInput(file);
-  if (input.spooledBytes !== undefined) process.stderr.write(`svctrace: ${file} is a stream: read in full first (${humanBytes(input.spooledBytes)}, in a temporary file removed after)\n`);
+  if (input.spooledBytes !== undefined) process.stderr.write(`svctrace: ${file} is a stream: read in full first (${humanBytes(input.spooledBytes)}, into an unnamed temporary file)\n`);
   try {
     return await use(input.file);
   } finally {
@@ -39,12 +39,18 @@ function humanBytes(n: number): string {
   return n >= 1 << 20 ? `${(n / (1 << 20)).toFixed(1)} MiB` : n >= 1024 ? `${(n / 1024).toFixed(1)} KiB` : `${n} B`;
 }
 
-/** Where a damaged recording stopped being readable, for replay/export/inspect. */
+/**
+ * Where a damaged recording stopped being readable, for replay/export/inspect.
+ * Damage makes the command exit 1 (after delivering what was readable), as
+ * verify and inspect do, so a script sees it; a recording only cut short (no
+ * trailer: the recorder was killed) is not damage.
+ */
 function reportProblems(rec: Recording): void {
   for (const p of rec.problems) process.stderr.write(`svctrace: ${p.corrupt ? 'damaged' : 'note'}: ${p.message}\n`);
   if (rec.problems.some((p) => p.kind !== 'missing-trailer')) {
     process.stderr.write(`svctrace: stopped at offset ${rec.validBytes} of ${rec.size}; ${rec.eventCount} events in ${rec.eventChunks} complete chunks were delivered\n`);
   }
+  if (rec.problems.some((p) => p.corrupt)) process.exitCode = 1;
 }
 
 export function registerEvidence(program: Command): void {
