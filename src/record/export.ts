@@ -80,7 +80,8 @@ export function writeAll(fd: number, output: string, buf: Buffer): void {
  * they are read (memory stays bounded whatever the recording's size); a
  * recording without captures is an error, and leaves no output behind.
  */
-export function exportPcapng(input: string, output: string): PcapExport {
+/** `name`: the recording as the user named it, for messages (`input` may be a stream's copy, read through /proc/self/fd). */
+export function exportPcapng(input: string, output: string, name = input): PcapExport {
   const ifaces = new Map<string, number>();
   let packets = 0;
   const fd = openOutput(output);
@@ -106,13 +107,13 @@ export function exportPcapng(input: string, output: string): PcapExport {
       }
     });
     const damage = rec.problems.find((p) => p.corrupt);
-    if (!rec.header) throw new SvctraceError('BAD_INPUT', `${input}: ${rec.problems[0]?.message ?? 'no header'}`);
+    if (!rec.header) throw new SvctraceError('BAD_INPUT', `${name}: ${rec.problems[0]?.message ?? 'no header'}`);
     if (!packets) {
       throw new SvctraceError(
         'BAD_INPUT',
         damage
-          ? `${input} is damaged before any packet data: ${damage.message}`
-          : `${input} holds no packet data (recorded with snaplen ${rec.header.snaplen}); record with --snaplen > 0`,
+          ? `${name} is damaged before any packet data: ${damage.message}`
+          : `${name} holds no packet data (recorded with snaplen ${rec.header.snaplen}); record with --snaplen > 0`,
       );
     }
     ok = true;

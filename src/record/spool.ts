@@ -96,14 +96,23 @@ export function openRecordingInput(p: string, tmpDir = os.tmpdir()): RecordingIn
  */
 function unlinkedFile(tmpDir: string): number {
   const dir = fs.mkdtempSync(path.join(tmpDir, 'svctrace-recording-'));
+  const file = path.join(dir, 'recording.svtr');
+  let fd: number | undefined;
   try {
-    const file = path.join(dir, 'recording.svtr');
-    const fd = fs.openSync(file, 'wx+', 0o600);
+    fd = fs.openSync(file, 'wx+', 0o600);
     fs.unlinkSync(file);
-    return fd;
-  } finally {
+  } catch (e) {
+    if (fd !== undefined) fs.closeSync(fd);
     fs.rmSync(dir, { recursive: true, force: true });
+    throw e;
   }
+  try {
+    fs.rmdirSync(dir);
+  } catch {
+    // A file system that keeps an open file's name (NFS: .nfsXXXX) until
+    // it is closed: the directory stays, empty once the copy is freed.
+  }
+  return fd;
 }
 
 /** The descriptor `p` names among this process's own ('-', /dev/stdin, /dev/fd/N, /proc/self/fd/N), if it does. */

@@ -30,6 +30,7 @@ import { parseServiceSpec } from '../../src/net/ipv4';
 import { loadBinding } from '../../src/native/binding';
 import { BACKEND_PROBE, BACKENDS, type Backend } from '../../src/tracer/backend';
 import type { Flow } from '../../src/flows/types';
+import { ended } from '../helpers/child';
 
 /** test/helpers/hold-bpf-guard.c, built beside the addon. */
 const HOLD_BPF_GUARD = path.resolve(__dirname, '..', '..', '..', 'build', 'svctrace-hold-bpf-guard');
@@ -149,8 +150,7 @@ describe('attach backends agree (kernel)', () => {
           h.stdout!.on('data', (d) => (out += d));
           h.stderr!.on('data', (d) => (out += d));
           h.on('error', (e) => resolve(String(e)));
-          // 'close', not 'exit': 'exit' can come before the pipe's last data.
-          h.on('close', (code) => resolve(`${out.trim()} (exit ${code})`));
+          void ended(h).then((code) => resolve(`${out.trim()} (exit ${code})`));
         }),
     );
     try {

@@ -14,6 +14,7 @@ import protobuf from 'protobufjs';
 import { kernelTest, IS_ROOT, natStagePriority, sleep } from '../helpers/kernel';
 import { waitFor } from '../helpers/flows';
 import { Lab } from '../../src/lab/lab';
+import { ended } from '../helpers/child';
 
 const ROOT = path.resolve(__dirname, '..', '..', '..');
 const CLI = path.join(ROOT, 'bin', 'svctrace.js');
@@ -154,7 +155,7 @@ describe('evidence: record, verify, replay, export (kernel)', () => {
     const rec = spawn('unshare', ['--mount', '--propagation', 'private', 'sh', '-c', script, 'sh', mnt, process.execPath, CLI, lab.nodeNetns, `${web.clusterIP}:80`, kept], { stdio: ['ignore', 'ignore', 'pipe'] });
     let err = '';
     rec.stderr!.on('data', (d) => (err += d));
-    const exited = new Promise<number | null>((r) => rec.once('exit', (code) => r(code)));
+    const exited = ended(rec);
     assert.ok(await waitFor(() => err.includes('Ctrl-C to stop'), 10_000), err);
     for (let i = 0; i < 3; i++) assert.ok((await lab.curl(`http://${web.clusterIP}/`)).ok);
     await sleep(1500); // these events are in the file (chunks every 500 ms)
@@ -214,7 +215,7 @@ describe('evidence: record, verify, replay, export (kernel)', () => {
     assert.match(tables(), new RegExp(`svctrace_${rec.pid}\\b`));
     assert.ok((await lab.curl(`http://${web.clusterIP}/`)).ok);
     rec.kill('SIGHUP');
-    assert.equal(await new Promise((r) => rec.once('exit', r)), 0, err);
+    assert.equal(await ended(rec), 0, err);
     assert.match(err, /\(signal\)/);
     assert.doesNotMatch(tables(), new RegExp(`svctrace_${rec.pid}\\b`), 'marker table removed');
     const v = spawnSync(process.execPath, [CLI, 'verify', file, '--strict'], { encoding: 'utf8' });

@@ -12,6 +12,7 @@ import { waitFor } from '../helpers/flows';
 import { Lab } from '../../src/lab/lab';
 import { runIn } from '../../src/lab/exec';
 import { explain, Explanation } from '../../src/explain/explain';
+import { ended } from '../helpers/child';
 
 const CLI = path.resolve(__dirname, '..', '..', '..', 'bin', 'svctrace.js');
 
@@ -61,7 +62,7 @@ for (const mode of ['iptables', 'nftables'] as const) {
       assert.ok(await waitFor(() => err.includes('Ctrl-C to stop'), 10_000), err);
       assert.match(err, /tracing default\/web:http \(10\.96\.0\.100:80\/tcp\)/);
       assert.ok((await lab.curl('http://10.96.0.100/')).ok);
-      assert.equal(await new Promise((res) => t.once('exit', res)), 0, err);
+      assert.equal(await ended(t), 0, err);
       assert.match(out, /"stage":"STAGE_DNAT"/);
       // The rule path the kernel took, observed with nftables tracing, ends in the chain of the pod that served.
       const pod = lab.pods.find((p) => p.name === lab.served.at(-1)!.pod)!;
@@ -110,7 +111,7 @@ describe('iptables-legacy rules: found, and the rule path inferred (kernel)', ()
     let err = '';
     t.stdout!.on('data', (d) => (out += d));
     t.stderr!.on('data', (d) => (err += d));
-    const exited = new Promise((r) => t.once('exit', r));
+    const exited = ended(t);
     assert.ok(await waitFor(() => err.includes('Ctrl-C to stop'), 10_000), err);
     assert.ok((await lab.curl('http://10.96.0.100/')).ok);
     assert.equal(await exited, 0, err);

@@ -22,6 +22,7 @@ import { Lab } from '../../src/lab/lab';
 import { readKernelConfig } from '../../src/doctor/kernel-config';
 import { Expected, Fault, FAULTS, FaultTool, HEALTHY, NOT_COVERED, targetOf } from '../../src/lab/faults';
 import { explain } from '../../src/explain/explain';
+import { ended } from '../helpers/child';
 
 const CLI = path.resolve(__dirname, '..', '..', '..', 'bin', 'svctrace.js');
 const TOOLS: FaultTool[] = ['probe', 'watch', 'trace'];
@@ -113,7 +114,7 @@ function traceCli(netns: string, target: string): { started: Promise<boolean>; s
   t.stderr!.on('data', (d) => (err += d));
   const started = waitFor(() => err.includes('Ctrl-C to stop') || t.exitCode !== null, 15_000);
   const done = new Promise<Said[]>((resolve, reject) => {
-    t.once('exit', (code) => {
+    void ended(t).then((code) => {
       if (code !== 0) reject(new Error(`trace exited ${code}: ${err}`));
       const lines = out.split('\n').filter((l) => l.startsWith('{"diagnosis"'));
       resolve(lines.map((l) => (JSON.parse(l) as { diagnosis: Said }).diagnosis));

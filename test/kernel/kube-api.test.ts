@@ -12,6 +12,7 @@ import { waitFor } from '../helpers/flows';
 import { startFakeApi, serviceObjects, FakeApi } from '../helpers/fake-apiserver';
 import { Lab } from '../../src/lab/lab';
 import { explain } from '../../src/explain/explain';
+import { ended } from '../helpers/child';
 
 const CLI = path.resolve(__dirname, '..', '..', '..', 'bin', 'svctrace.js');
 
@@ -50,7 +51,7 @@ describe('Kubernetes API (kernel, fake API server)', () => {
     let err = '';
     t.stdout!.on('data', (d) => (out += d));
     t.stderr!.on('data', (d) => (err += d));
-    const exited = new Promise((r) => t.once('exit', r));
+    const exited = ended(t);
     assert.ok(await waitFor(() => err.includes('Ctrl-C to stop'), 15_000), err);
     assert.ok((await lab.curl('http://10.96.0.100/')).ok);
     assert.equal(await exited, 0, err);

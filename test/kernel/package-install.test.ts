@@ -20,6 +20,7 @@ import path from 'node:path';
 import { IN_CI, IS_ROOT, kernelTest } from '../helpers/kernel';
 import { TIME_SCALE, waitFor } from '../helpers/flows';
 import { Lab } from '../../src/lab/lab';
+import { ended } from '../helpers/child';
 
 const REPO = path.resolve(__dirname, '..', '..', '..');
 /** The Debian root, made once per machine and kept (mmdebstrap: about 15 s and 60 MB of packages). */
@@ -58,7 +59,7 @@ function inRoot(root: string, argv: string[], opts: { timeoutMs?: number } = {})
   child.stdout!.on('data', (d) => (out += d));
   child.stderr!.on('data', (d) => (err += d));
   const timer = setTimeout(() => child.kill('SIGKILL'), opts.timeoutMs ?? 60_000);
-  const done = new Promise<number>((resolve) => child.once('exit', (code, signal) => (clearTimeout(timer), resolve(code ?? (signal ? 128 : 1)))));
+  const done = ended(child).then((code) => (clearTimeout(timer), code ?? (child.signalCode ? 128 : 1)));
   return { done, out: () => out, err: () => err };
 }
 

@@ -13,6 +13,7 @@ import WebSocket from 'ws';
 import { kernelTest, IS_ROOT } from '../helpers/kernel';
 import { waitFor } from '../helpers/flows';
 import { Lab } from '../../src/lab/lab';
+import { ended } from '../helpers/child';
 
 const ROOT = path.resolve(__dirname, '..', '..', '..');
 const CLI = path.join(ROOT, 'bin', 'svctrace.js');
@@ -78,8 +79,8 @@ describe('svctrace serve (kernel)', () => {
     }
     ws.close();
     child.kill('SIGINT');
-    child.once('exit', () => (child = undefined));
-    const code = await new Promise((res) => child!.once('exit', res));
+    const code = await ended(child);
+    child = undefined;
     assert.equal(code, 0, err);
     assert.match(err, /summary: 1 flows/);
   });

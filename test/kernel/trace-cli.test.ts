@@ -13,6 +13,7 @@ import { dropName, dropReasonName, kernelTest, IS_ROOT, natStagePriority, netfil
 import { TIME_SCALE, waitFor } from '../helpers/flows';
 import { Lab } from '../../src/lab/lab';
 import { runIn } from '../../src/lab/exec';
+import { ended } from '../helpers/child';
 
 const ROOT = path.resolve(__dirname, '..', '..', '..');
 const CLI = path.join(ROOT, 'bin', 'svctrace.js');
@@ -24,8 +25,7 @@ function startTrace(args: string[]): { child: ChildProcess; out: () => string; e
   let err = '';
   child.stdout!.on('data', (d) => (out += d));
   child.stderr!.on('data', (d) => (err += d));
-  // 'close', not 'exit': 'exit' can come before the pipes' last data.
-  const exited = new Promise<number | null>((resolve) => child.on('close', (code) => resolve(code)));
+  const exited = ended(child);
   return { child, out: () => out, err: () => err, exited };
 }
 

@@ -170,7 +170,8 @@ describe('evidence commands on damaged recordings (fuzz)', () => {
       assert.doesNotMatch(verify.stderr, /internal error|heap out of memory/, v.what);
       for (const args of [['replay', file, '--speed', 'max', '-o', 'json'], ['export', file, '--json', path.join(dir, `cli-${i}.jsonl`)], ['inspect', file]]) {
         const r = spawnSync(process.execPath, ['--max-old-space-size=64', CLI, ...args], { encoding: 'utf8', timeout: 20_000, maxBuffer: 16 << 20 });
-        const expected = v.expect === 'damaged' ? [1, 2] : [0];
+        // Cut inside the header chunk: not a recording to read (bad input, or inspect's "no").
+        const expected = v.expect === 'damaged' || !readRecording(file).header ? [1, 2] : [0];
         assert.ok(expected.includes(r.status!), `${v.what}: ${args[0]} exited ${r.status} (${r.signal ?? ''}), expected ${expected.join(' or ')}: ${r.stderr.slice(-300)}`);
         assert.doesNotMatch(r.stderr, /internal error|heap out of memory|at .*\.js:\d+/, `${v.what}: ${args[0]}`);
       }

@@ -302,7 +302,7 @@ const i = openRecordingInput('/dev/stdin', ${JSON.stringify(dir)}); process.stdo
     assert.match(v.stdout, /not a svctrace recording \(bad magic bytes at offset 0\)/);
   });
 
-  it('an endless stream being copied: nothing of the copy is ever named in the temporary directory, and Ctrl-C ends it', async () => {
+  it('an endless stream being copied: nothing of the copy is ever named in the temporary directory, and Ctrl-C ends it', { timeout: 120_000 }, async () => {
     const tmp = fs.mkdtempSync(path.join(dir, 'endless-'));
     const { spawn } = await import('node:child_process');
     const v = spawn(process.execPath, [CLI, 'verify', '/dev/stdin'], { stdio: ['pipe', 'ignore', 'pipe'], env: { ...process.env, TMPDIR: tmp } });
@@ -320,14 +320,21 @@ const i = openRecordingInput('/dev/stdin', ${JSON.stringify(dir)}); process.stdo
       if (v.stdin!.write(more)) setImmediate(feed);
       else v.stdin!.once('drain', feed);
     };
-    v.stdin!.write(head);
-    feed();
-    while (sent < 32 << 20) await new Promise((r) => setTimeout(r, 20));
-    assert.deepEqual(fs.readdirSync(tmp), [], 'the copy has no name while it is written');
-    v.kill('SIGINT');
-    const [code, signal] = await closed;
-    assert.ok(signal === 'SIGINT' || code === 130, `ended by Ctrl-C: ${code} ${signal} ${err}`);
-    assert.deepEqual(fs.readdirSync(tmp), [], 'nothing left behind');
+    try {
+      v.stdin!.write(head);
+      feed();
+      const alive = () => v.exitCode === null && v.signalCode === null;
+      const deadline = Date.now() + 60_000;
+      while (sent < 32 << 20 && alive() && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+      assert.ok(alive() && sent >= 32 << 20, `verify still copying after ${sent} bytes (${v.exitCode ?? v.signalCode ?? 'running'}): ${err}`);
+      assert.deepEqual(fs.readdirSync(tmp), [], 'the copy has no name while it is written');
+      v.kill('SIGINT');
+      const [code, signal] = await closed;
+      assert.ok(signal === 'SIGINT' || code === 130, `ended by Ctrl-C: ${code} ${signal} ${err}`);
+      assert.deepEqual(fs.readdirSync(tmp), [], 'nothing left behind');
+    } finally {
+      if (v.exitCode === null && v.signalCode === null) v.kill('SIGKILL');
+    }
   });
 
   it('a flipped byte in a chunk header is caught too', () => {

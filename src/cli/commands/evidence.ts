@@ -237,7 +237,7 @@ interface ExportOptions {
 /** export's work, once the outputs are checked: `readable` is the file to read, `file` the name the user gave. */
 function exportFile(file: string, readable: string, opts: ExportOptions): void {
   if (opts.pcapng) {
-    const r = exportPcapng(readable, opts.pcapng);
+    const r = exportPcapng(readable, opts.pcapng, file);
     reportProblems(r.recording);
     process.stderr.write(`svctrace: ${opts.pcapng}: ${r.packets} packets on ${r.interfaces} interfaces\n`);
   }
