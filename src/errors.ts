@@ -16,6 +16,7 @@ export type SvctraceErrorCode =
   | 'STREAM' // a stream connection failed or was closed by the server
   | 'TOOL_MISSING' // a command svctrace reads the node with (nft, iptables-save, ipvsadm) is not installed
   | 'WRITE_FAILED' // a file svctrace writes (a recording) could not be written: disk full, I/O error
+  | 'RECORDING_DAMAGED' // a recording read is damaged where the answer asked for lies (export --pcapng: before any packet)
   | 'INTERNAL';
 
 /** Error with a stable code; `cause` keeps the underlying error (errno, op, verifier log). */

@@ -15,4 +15,5 @@ export const EXIT_CODES: Record<SvctraceErrorCode, number> = {
   NETNS_GONE: 8,
   TOOL_MISSING: 9,
   WRITE_FAILED: 10,
+  RECORDING_DAMAGED: 1, // README: the answer is no (as replay/export on a damaged recording)
 };

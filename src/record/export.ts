@@ -109,12 +109,9 @@ export function exportPcapng(input: string, output: string, name = input): PcapE
     const damage = rec.problems.find((p) => p.corrupt);
     if (!rec.header) throw new SvctraceError('BAD_INPUT', `${name}: ${rec.problems[0]?.message ?? 'no header'}`);
     if (!packets) {
-      throw new SvctraceError(
-        'BAD_INPUT',
-        damage
-          ? `${name} is damaged before any packet data: ${damage.message}`
-          : `${name} holds no packet data (recorded with snaplen ${rec.header.snaplen}); record with --snaplen > 0`,
-      );
+      // Damaged: the answer is no (exit 1, as a damaged recording's replay); none recorded: the user's --snaplen (exit 2).
+      if (damage) throw new SvctraceError('RECORDING_DAMAGED', `${name} is damaged before any packet data: ${damage.message}`);
+      throw new SvctraceError('BAD_INPUT', `${name} holds no packet data (recorded with snaplen ${rec.header.snaplen}); record with --snaplen > 0`);
     }
     ok = true;
     return { packets, interfaces: ifaces.size, recording: rec };

@@ -95,6 +95,18 @@ export function openRecordingInput(p: string, tmpDir = os.tmpdir()): RecordingIn
  * and nothing is left in `tmpDir`.
  */
 function unlinkedFile(tmpDir: string): number {
+  // Linux's O_TMPFILE makes a file that never had a name: no moment where
+  // a signal could leave one behind. A file system without it (EOPNOTSUPP,
+  // or EISDIR from a kernel that does not know the flag) gets a named file,
+  // unlinked at once, in a directory of its own.
+  if (O_TMPFILE !== undefined) {
+    try {
+      return fs.openSync(tmpDir, O_TMPFILE | fs.constants.O_RDWR, 0o600);
+    } catch (e) {
+      const code = (e as NodeJS.ErrnoException).code;
+      if (code !== 'EOPNOTSUPP' && code !== 'EISDIR' && code !== 'EINVAL') throw e;
+    }
+  }
   const dir = fs.mkdtempSync(path.join(tmpDir, 'svctrace-recording-'));
   const file = path.join(dir, 'recording.svtr');
   let fd: number | undefined;
@@ -114,6 +126,13 @@ function unlinkedFile(tmpDir: string): number {
   }
   return fd;
 }
+
+/**
+ * open(2)'s O_TMPFILE (__O_TMPFILE | O_DIRECTORY): Node does not export it.
+ * Its value is the generic one on x86 and Arm (other architectures differ:
+ * they take the named path).
+ */
+const O_TMPFILE = process.platform === 'linux' && ['x64', 'arm64', 'ia32', 'arm'].includes(process.arch) ? 0o20200000 : undefined;
 
 /** The descriptor `p` names among this process's own ('-', /dev/stdin, /dev/fd/N, /proc/self/fd/N), if it does. */
 function ownDescriptor(p: string): number | undefined {
