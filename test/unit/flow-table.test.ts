@@ -590,6 +590,8 @@ describe('FlowTable', () => {
       const items = t.ingest([ev({ tsNs: 100n })]);
       assert.deepEqual(pathOf(t), ['OUTPUT', 'KUBE-SERVICES', 'KUBE-SVC-X', 'KUBE-SEP-Y'], 'one packet\'s traces, split over two batches');
       assert.ok(items.some((i) => i.event.kind === pb.EventKind.EVENT_KIND_RULE_TRACE));
+      // Read (50 ns) before the flow's first event (100 ns) reached us: its own time is kept.
+      assert.equal(items.find((i) => i.event.kind === pb.EventKind.EVENT_KIND_RULE_TRACE)!.entry.tsNs, 50n);
       assert.equal(t.pendingTraceGroups, 0);
     });
 
@@ -598,6 +600,8 @@ describe('FlowTable', () => {
       t.ingest([ev({ tsNs: 10n })]);
       const first = t.ingestRuleTraces([trace(9, 'OUTPUT'), trace(9, 'KUBE-SERVICES')], 1000);
       assert.deepEqual(first.map((i) => i.event.rulePath), [['OUTPUT', 'KUBE-SERVICES']]);
+      // Read at 50 ns, taken by the packet the flow's first event saw (10 ns): told there, in the timeline's order.
+      assert.equal(first[0]!.entry.tsNs, 10n, 'the path at the flow\'s first packet, not when its message was read');
       // The same packet's filter table, with its REJECT, in the next batch.
       const reject: RuleTrace = { ...trace(9, 'KUBE-SERVICES'), table: 'filter', verdict: 0 };
       const rest = t.ingestRuleTraces([{ ...trace(9, 'OUTPUT'), table: 'filter' }, reject], 1001);
