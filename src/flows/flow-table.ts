@@ -29,16 +29,23 @@ const Stage = pb.Stage;
 
 /**
  * When a flow's rule path was taken. A trace message is stamped when our
- * socket reads it, a fraction of a millisecond to seconds after the packet
- * crossed the rules. The NAT chains see only a connection's first packet
- * (the marker traces new connections), and that packet crossed our first
- * hook, just before NAT's, at the flow's first event: the path goes there,
- * in the timeline's order, not after the events that followed it ("+0.602ms
- * rules" printed above "+0.029ms route"). A trace read before the flow's
- * first event (its first events were lost) keeps its own time.
+ * socket reads it, usually a fraction of a millisecond after the packet
+ * crossed the rules, often after the flow's next events ("+0.602ms rules"
+ * above "+0.029ms route"). A path through NAT's chains is a connection's
+ * first packet's (NAT sees nothing else), which crossed our first hook,
+ * just before NAT's, at the flow's first event: the path goes there. Only
+ * when read soon after (RULE_TRACE_REDATE_NS): a SYN sent again after the
+ * first was lost unconfirmed takes NAT's chains too, a second (TCP's first
+ * timeout) or more later, and a path read late may be another packet's.
+ * Otherwise, and for paths that did not cross NAT (a UDP datagram sent
+ * again before any reply, through the filter table only), the message's
+ * own time is kept.
  */
-function ruleTraceTime(f: Flow, traceTsNs: bigint): bigint {
-  return traceTsNs >= f.firstTsNs ? f.firstTsNs : traceTsNs;
+const RULE_TRACE_REDATE_NS = 500_000_000n;
+function ruleTraceTime(f: Flow, traceTsNs: bigint, r: { table: string; path: string[] }): bigint {
+  const throughNat = r.table === 'nat' ? r.path.length > 0 : r.path.some((c) => c.startsWith('nat-'));
+  const since = traceTsNs - f.firstTsNs;
+  return throughNat && since >= 0n && since < RULE_TRACE_REDATE_NS ? f.firstTsNs : traceTsNs;
 }
 
 export class FlowTable implements FlowTableView {
@@ -435,7 +442,7 @@ export class FlowTable implements FlowTableView {
     const r = rulePathOf(traces);
     if (!r) return undefined;
     f.rulePath = r.path;
-    return this.ruleEvent(f, ruleTraceTime(f, traces[0]!.tsNs), r.summary, r.path);
+    return this.ruleEvent(f, ruleTraceTime(f, traces[0]!.tsNs, r), r.summary, r.path);
   }
 
   private ruleEvent(f: Flow, tsNs: bigint, summary: string, path: string[]): Ingested {

@@ -104,7 +104,8 @@ function unlinkedFile(tmpDir: string): number {
       return fs.openSync(tmpDir, O_TMPFILE | fs.constants.O_RDWR, 0o600);
     } catch (e) {
       const code = (e as NodeJS.ErrnoException).code;
-      if (code !== 'EOPNOTSUPP' && code !== 'EISDIR' && code !== 'EINVAL') throw e;
+      // errno 95 is ENOTSUP to Node (EOPNOTSUPP is the same number on Linux).
+      if (code !== 'ENOTSUP' && code !== 'EOPNOTSUPP' && code !== 'EISDIR' && code !== 'EINVAL') throw e;
     }
   }
   const dir = fs.mkdtempSync(path.join(tmpDir, 'svctrace-recording-'));
@@ -128,11 +129,11 @@ function unlinkedFile(tmpDir: string): number {
 }
 
 /**
- * open(2)'s O_TMPFILE (__O_TMPFILE | O_DIRECTORY): Node does not export it.
- * Its value is the generic one on x86 and Arm (other architectures differ:
- * they take the named path).
+ * open(2)'s O_TMPFILE: __O_TMPFILE | O_DIRECTORY. Node exports only the
+ * second; __O_TMPFILE is the generic 020000000 on x86 and Arm (O_DIRECTORY
+ * itself differs between them). Other architectures take the named path.
  */
-const O_TMPFILE = process.platform === 'linux' && ['x64', 'arm64', 'ia32', 'arm'].includes(process.arch) ? 0o20200000 : undefined;
+export const O_TMPFILE = process.platform === 'linux' && ['x64', 'arm64', 'ia32', 'arm'].includes(process.arch) ? 0o20000000 | fs.constants.O_DIRECTORY : undefined;
 
 /** The descriptor `p` names among this process's own ('-', /dev/stdin, /dev/fd/N, /proc/self/fd/N), if it does. */
 function ownDescriptor(p: string): number | undefined {

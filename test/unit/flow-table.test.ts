@@ -606,6 +606,7 @@ describe('FlowTable', () => {
       const reject: RuleTrace = { ...trace(9, 'KUBE-SERVICES'), table: 'filter', verdict: 0 };
       const rest = t.ingestRuleTraces([{ ...trace(9, 'OUTPUT'), table: 'filter' }, reject], 1001);
       assert.equal(rest.length, 1, 'the whole path, told again');
+      assert.equal(rest[0]!.entry.tsNs, 10n, 'told again at the same time');
       assert.match(rest[0]!.event.summary ?? '', /dropped or rejected by table filter chain KUBE-SERVICES/);
       assert.deepEqual(pathOf(t)?.slice(0, 2), ['OUTPUT', 'KUBE-SERVICES']);
       // A later packet of the flow: its trace is not the flow's path.
@@ -613,6 +614,20 @@ describe('FlowTable', () => {
       // Kept only a few seconds.
       t.expire(20n, 1002 + 6000);
       assert.equal(t.flows()[0]!.ruleTraces, undefined);
+    });
+
+    it('a path read long after its flow began, or one that did not cross NAT, keeps the time it was read', () => {
+      // Read 2 s after the flow's first event: a SYN sent again (the first lost unconfirmed) crosses NAT too.
+      const late = table();
+      late.ingest([ev({ tsNs: 10n })]);
+      const [l] = late.ingestRuleTraces([trace(3, 'OUTPUT', 2_000_000_010n), trace(3, 'KUBE-SERVICES', 2_000_000_010n)], 1000);
+      assert.equal(l!.entry.tsNs, 2_000_000_010n);
+      // Through the filter table only (a datagram sent again before any reply): not NAT's first packet.
+      const filterOnly = table();
+      filterOnly.ingest([ev({ tsNs: 10n })]);
+      const [f] = filterOnly.ingestRuleTraces([{ ...trace(4, 'KUBE-SERVICES'), table: 'filter', verdict: 0 }], 1000);
+      assert.match(f!.event.summary ?? '', /dropped or rejected by table filter/);
+      assert.equal(f!.entry.tsNs, 50n);
     });
 
     it('a later packet of the same tuple takes the place of the one waiting (its flow was lost)', () => {

@@ -14,7 +14,7 @@ import protobuf from 'protobufjs/minimal';
 import Long from 'long';
 import { ChunkType, ChunkWriter, CHUNK_HEADER_BYTES, HASH_BYTES, MAGIC } from '../../src/record/format';
 import { readRecording } from '../../src/record/reader';
-import { openRecordingInput } from '../../src/record/spool';
+import { O_TMPFILE, openRecordingInput } from '../../src/record/spool';
 import { replay } from '../../src/record/replay';
 import { keyId, signChainHead } from '../../src/record/signing';
 import { svctrace } from '../../src/gen/svctrace';
@@ -189,15 +189,16 @@ describe('recordings', () => {
     // the copy never had a name: the kernel calls it "#<inode>" in the directory itself.
     let nameless = false;
     try {
-      fs.closeSync(fs.openSync(tmp, 0o20200000 | fs.constants.O_RDWR, 0o600));
-      nameless = true;
+      if (O_TMPFILE !== undefined) fs.closeSync(fs.openSync(tmp, O_TMPFILE | fs.constants.O_RDWR, 0o600));
+      nameless = O_TMPFILE !== undefined;
     } catch {
       // not on this file system: the named copy, unlinked at once, is used
     }
     if (nameless) {
       const target = fs.readlinkSync(input.file);
-      assert.ok(target.startsWith(`${tmp}/`), target);
-      assert.match(target.slice(tmp.length + 1), /^#\d+ \(deleted\)$/);
+      const real = fs.realpathSync(tmp); // the link names the resolved directory
+      assert.ok(target.startsWith(`${real}/`), target);
+      assert.match(target.slice(real.length + 1), /^#\d+ \(deleted\)$/);
     }
     input.done();
     input.done();
@@ -209,6 +210,34 @@ describe('recordings', () => {
     assert.equal(plain.spooledBytes, undefined);
     assert.throws(() => openRecordingInput(dir, tmp), /is not a file/);
     assert.throws(() => openRecordingInput(path.join(dir, 'missing.svtr'), tmp), /cannot read .*missing\.svtr: ENOENT/);
+  });
+
+  it('a file system without nameless files (ENOTSUP): the copy is named, unlinked at once, and nothing is left', async (t) => {
+    const tmpfile = O_TMPFILE;
+    if (tmpfile === undefined) return t.skip('no O_TMPFILE on this platform: the named copy is the only path (tested above)');
+    const fifo = path.join(dir, 'in-pipe-enotsup');
+    const tmp = fs.mkdtempSync(path.join(dir, 'tmp-'));
+    assert.equal(spawnSync('mkfifo', [fifo]).status, 0);
+    // What NFS, FUSE or an older overlayfs answer: errno 95, ENOTSUP to Node.
+    const open = fs.openSync;
+    let refused = 0;
+    t.mock.method(fs, 'openSync', (p: fs.PathLike, flags: fs.OpenMode, mode?: fs.Mode) => {
+      if (typeof flags === 'number' && (flags & tmpfile) === tmpfile) {
+        refused++;
+        throw Object.assign(new Error('ENOTSUP: operation not supported'), { code: 'ENOTSUP', errno: -95 });
+      }
+      return open(p, flags, mode);
+    });
+    const { spawn } = await import('node:child_process');
+    const cat = spawn('sh', ['-c', 'exec cat "$1" > "$2"', 'sh', good, fifo], { stdio: 'ignore' });
+    const input = openRecordingInput(fifo, tmp);
+    t.mock.restoreAll();
+    assert.equal(refused, 1, 'O_TMPFILE was tried first');
+    assert.deepEqual(fs.readFileSync(input.file), fs.readFileSync(good));
+    assert.match(fs.readlinkSync(input.file), /svctrace-recording-[^/]+\/recording\.svtr \(deleted\)$/);
+    assert.deepEqual(fs.readdirSync(tmp), [], 'named, then unlinked and its directory removed before the copy');
+    input.done();
+    await new Promise((r) => cat.on('exit', r));
   });
 
   it('an intact recording verifies and replays every event', async () => {
