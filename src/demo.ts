@@ -46,7 +46,7 @@ export async function runDemo(opts: { requests: number; out?: NodeJS.WritableStr
         netns: [lab.nodeNetns],
         kubeconfig: false, // the lab has no API server
       },
-      (ctx) => [textTimelineSink((s) => out.write(s), color, ctx.backendName)],
+      (ctx) => [textTimelineSink((s) => out.write(s), color, ctx.backendName, false, ctx.rulePathsObserved)],
     );
 
     for (let i = 0; i < opts.requests; i++) {

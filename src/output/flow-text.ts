@@ -65,37 +65,144 @@ export function flowLine(f: Flow, backendName: (addr: string) => string | undefi
   );
 }
 
+/**
+ * How long a new flow's first lines wait for its rule path (`rules`), where
+ * rule paths are observed: the kernel's nftables trace message about the
+ * flow's first packet is read 0.5-5 ms after the packet (its own socket, its
+ * own thread), by which time the flow's route, DNAT and reply were printed,
+ * and its `+0.000ms rules` line came out below them. A wait a person cannot
+ * see; a path later than this is printed when it comes, as before.
+ */
+export const RULE_PATH_WAIT_MS = 100;
+/** New flows waiting at most at once; past this a new flow prints at once (memory bounded on a busy Service). */
+export const RULE_PATH_WAITING_MAX = 256;
+
+/** What the printer needs of time: replaced in tests. */
+export interface PrinterClock {
+  now(): number;
+  /** Calls `fn` after `ms`; the timer must not keep the process alive. */
+  later(fn: () => void, ms: number): { cancel(): void };
+}
+
+const realClock: PrinterClock = {
+  now: () => performance.now(),
+  later: (fn, ms) => {
+    const t = setTimeout(fn, ms);
+    t.unref();
+    return { cancel: () => clearTimeout(t) };
+  },
+};
+
+/** A new flow's lines, kept until its rule path came or the wait is over. */
+interface WaitingFlow {
+  until: number;
+  header: string;
+  lines: Array<{ tsNs: bigint; text: string }>;
+}
+
+export interface FlowTextOptions {
+  backendName?: (addr: string) => string | undefined;
+  /** Whether a new flow's rule path is coming (observed through nftables tracing): its first lines then wait for it, at most RULE_PATH_WAIT_MS. */
+  rulePathComing?: () => boolean;
+  clock?: PrinterClock;
+}
+
 export class FlowTextPrinter {
   /** Flows whose header line went out: weak, so that a flow gone from the table is gone from here too (a Set of ids grew by one per detailed flow for as long as a trace ran). */
   private readonly headerPrinted = new WeakSet<Flow>();
+  /** New flows waiting for their rule path, oldest first (one wait for all: the oldest is due first). */
+  private readonly waiting = new Map<Flow, WaitingFlow>();
+  private timer: { cancel(): void } | undefined;
+  private readonly backendName: (addr: string) => string | undefined;
+  private readonly rulePathComing: () => boolean;
+  private readonly clock: PrinterClock;
 
   constructor(
     private readonly write: (s: string) => void,
     private readonly color: boolean,
-    private readonly backendName: (addr: string) => string | undefined = () => undefined,
-  ) {}
+    opts: FlowTextOptions = {},
+  ) {
+    this.backendName = opts.backendName ?? (() => undefined);
+    this.rulePathComing = opts.rulePathComing ?? (() => false);
+    this.clock = opts.clock ?? realClock;
+  }
 
   private paint(code: string | undefined, s: string): string {
     return this.color && code ? `\x1b[${code}m${s}\x1b[0m` : s;
   }
 
-  /** Prints the milestones among `items`. */
+  /** Prints the milestones among `items` (a new flow's may wait a moment for its rule path: see RULE_PATH_WAIT_MS). */
   print(items: Ingested[]): void {
     const lines: string[] = [];
+    this.releaseDue(lines);
     for (const item of items) {
       const { flow, entry } = item;
       if (!entry.milestone) continue;
       const event = item.event; // made only for what is printed
-      if (!this.headerPrinted.has(flow)) {
+      let w = this.waiting.get(flow);
+      let header: string | undefined;
+      if (!w && !this.headerPrinted.has(flow)) {
         this.headerPrinted.add(flow);
-        lines.push(this.paint('1', `[flow ${flow.id}] ${PROTO_NAMES[flow.proto] ?? flow.proto} ${flow.orig.saddr}:${flow.orig.sport} -> ${flow.orig.daddr}:${flow.orig.dport} (service ${flow.service})`));
+        header = this.paint('1', `[flow ${flow.id}] ${PROTO_NAMES[flow.proto] ?? flow.proto} ${flow.orig.saddr}:${flow.orig.sport} -> ${flow.orig.daddr}:${flow.orig.dport} (service ${flow.service})`);
+        // Its path, if it comes, is told at the first packet's time: wait
+        // for it, unless it already came (same batch) or no path comes.
+        if (entry.label !== 'rules' && this.waiting.size < RULE_PATH_WAITING_MAX && this.rulePathComing()) {
+          w = { until: this.clock.now() + RULE_PATH_WAIT_MS, header, lines: [] };
+          this.waiting.set(flow, w);
+          this.timer ??= this.clock.later(() => this.onTimer(), RULE_PATH_WAIT_MS);
+        }
       }
       const rel = (Number(entry.tsNs - flow.firstTsNs) / 1e6).toFixed(3);
       const label = (entry.label ?? (entry.stateChange && entry.stage !== pb.Stage.STAGE_DROP ? 'state' : stageLabel(entry.stage, event))).padEnd(6);
-      lines.push(`  [${flow.id}] +${rel.padStart(9)}ms ${this.paint(COLOR[entry.stage], label)} ${eventSummary(event)}`);
-      if (entry.stage === pb.Stage.STAGE_CLOSE) lines.push(`  [${flow.id}] ${this.describeEnd(flow)}`);
+      let text = `  [${flow.id}] +${rel.padStart(9)}ms ${this.paint(COLOR[entry.stage], label)} ${eventSummary(event)}`;
+      if (entry.stage === pb.Stage.STAGE_CLOSE) text += `\n  [${flow.id}] ${this.describeEnd(flow)}`;
+      if (w) {
+        w.lines.push({ tsNs: entry.tsNs, text });
+        // Its path came, or it is over: out now, in time order.
+        if (entry.label === 'rules' || entry.stage === pb.Stage.STAGE_CLOSE) this.release(flow, w, lines);
+      } else {
+        if (header) lines.push(header);
+        lines.push(text);
+      }
     }
     if (lines.length) this.write(lines.join('\n') + '\n');
+  }
+
+  /** Prints every waiting flow's lines (the trace ended). */
+  flush(): void {
+    this.timer?.cancel();
+    this.timer = undefined;
+    const lines: string[] = [];
+    for (const [flow, w] of this.waiting) this.release(flow, w, lines);
+    if (lines.length) this.write(lines.join('\n') + '\n');
+  }
+
+  private onTimer(): void {
+    this.timer = undefined;
+    const lines: string[] = [];
+    this.releaseDue(lines);
+    if (lines.length) this.write(lines.join('\n') + '\n');
+  }
+
+  /** Releases the flows whose wait is over; arms the timer for the next one. */
+  private releaseDue(lines: string[]): void {
+    if (!this.waiting.size) return;
+    const now = this.clock.now();
+    for (const [flow, w] of this.waiting) {
+      if (w.until > now) {
+        this.timer ??= this.clock.later(() => this.onTimer(), Math.max(1, Math.ceil(w.until - now)));
+        return;
+      }
+      this.release(flow, w, lines);
+    }
+  }
+
+  private release(flow: Flow, w: WaitingFlow, lines: string[]): void {
+    this.waiting.delete(flow);
+    lines.push(w.header);
+    // Stable: lines of one time stay in the order they came (the path after the match it explains).
+    w.lines.sort((a, b) => (a.tsNs < b.tsNs ? -1 : a.tsNs > b.tsNs ? 1 : 0));
+    for (const l of w.lines) lines.push(l.text);
   }
 
   describeEnd(f: Flow): string {

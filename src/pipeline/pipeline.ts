@@ -102,6 +102,8 @@ export interface SinkContext {
   losses(): Partial<StageLosses>;
   /** Kernel time through which the kernel's events have reached the sinks: now when none is waiting (Tracer.deliveredThrough). */
   deliveredThrough(): bigint;
+  /** Rule paths are observed through nftables tracing: each new connection's comes as its own message, a few ms after its first events. */
+  rulePathsObserved(): boolean;
 }
 
 export type MakeSinks = (ctx: SinkContext) => Sink[] | Promise<Sink[]>;
@@ -297,6 +299,7 @@ export class Pipeline {
       stats: () => this.stats(),
       losses: () => this.losses(),
       deliveredThrough: () => this.tracer.deliveredThrough(),
+      rulePathsObserved: () => this.rulePaths?.observing ?? false,
     };
   }
 

@@ -56,6 +56,13 @@ export class RulePaths {
     private readonly discovery: Discovery,
   ) {}
 
+  /** Paths are being observed (nftables tracing installed in some namespace): a new connection's comes as a message of its own, after its first events. */
+  private installed = false;
+
+  get observing(): boolean {
+    return this.installed && this.marker !== undefined;
+  }
+
   /** How rule paths will be found here; nothing is installed until `observe`. */
   static plan(opts: RulePathOptions): RulePaths {
     const inferFrom = opts.enabled && opts.discovery.backend === 'legacy' ? opts.discovery : undefined;
@@ -81,11 +88,13 @@ export class RulePaths {
         if (!targets.length) return;
         tracer.traceRules(a.path, (traces: RuleTrace[]) => onTraced(this.table.ingestRuleTraces(traces)));
         marker.install(a.path, targets);
+        this.installed = true;
       });
       installMarkerCleanup(marker);
     } catch (e) {
       marker.removeAll();
       this.marker = undefined;
+      this.installed = false;
       onWarning(`rule paths will not be shown: nftables tracing unavailable (${e instanceof Error ? e.message.split('\n')[0] : String(e)})`);
     }
   }
@@ -112,5 +121,6 @@ export class RulePaths {
     if (!this.marker) return;
     this.marker.removeAll();
     markers.delete(this.marker);
+    this.installed = false;
   }
 }

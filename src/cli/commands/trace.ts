@@ -44,7 +44,7 @@ export function registerTrace(program: Command): void {
           ? [jsonLinesSink(write, dropsOnly), diagnoser]
           : opts.output === 'flows'
             ? [flowLinesSink(write, ctx.flows, ctx.backendName, dropsOnly), diagnoser]
-            : [textTimelineSink(write, useColor(), ctx.backendName, dropsOnly), diagnoser];
+            : [textTimelineSink(write, useColor(), ctx.backendName, dropsOnly, ctx.rulePathsObserved), diagnoser];
       });
       process.stderr.write(`svctrace: tracing ${services.map((s) => s.text).join(', ')} (backend ${pipeline.attachBackend.reason}); Ctrl-C to stop\n`);
       await waitForStop(duration, pipeline.allNetnsGone);

@@ -3,10 +3,14 @@ import { flowFailed, flowLine, FlowTextPrinter, isFailureItem } from '../../outp
 import type { FlowTableView } from '../../flows/types';
 import type { Sink } from '../sink';
 
-/** `dropsOnly`: only the failures (drops, resets, ICMP errors), each under its flow's header. */
-export function textTimelineSink(write: (s: string) => void, color: boolean, backendName: (addr: string) => string | undefined, dropsOnly = false): Sink {
-  const printer = new FlowTextPrinter(write, color, backendName);
-  return { name: 'text', write: (items) => printer.print(dropsOnly ? items.filter(isFailureItem) : items) };
+/**
+ * `dropsOnly`: only the failures (drops, resets, ICMP errors), each under its
+ * flow's header. `rulePathsObserved`: a new flow's first lines wait (100 ms
+ * at most) for its rule path, so that it is printed in its place.
+ */
+export function textTimelineSink(write: (s: string) => void, color: boolean, backendName: (addr: string) => string | undefined, dropsOnly = false, rulePathsObserved: () => boolean = () => false): Sink {
+  const printer = new FlowTextPrinter(write, color, { backendName, rulePathComing: dropsOnly ? undefined : rulePathsObserved });
+  return { name: 'text', write: (items) => printer.print(dropsOnly ? items.filter(isFailureItem) : items), close: () => printer.flush() };
 }
 
 /**
