@@ -113,6 +113,8 @@ export class FlowTextPrinter {
   /** New flows waiting for their rule path, oldest first (one wait for all: the oldest is due first). */
   private readonly waiting = new Map<Flow, WaitingFlow>();
   private timer: { cancel(): void } | undefined;
+  /** What writing from the timer threw, for the next call to throw. */
+  private timerFailure: Error | undefined;
   private readonly backendName: (addr: string) => string | undefined;
   private readonly rulePathComing: () => boolean;
   private readonly clock: PrinterClock;
@@ -133,8 +135,13 @@ export class FlowTextPrinter {
 
   /** Prints the milestones among `items` (a new flow's may wait a moment for its rule path: see RULE_PATH_WAIT_MS). */
   print(items: Ingested[]): void {
+    this.throwTimerFailure();
+    // Flows whose wait is over go out first, on their own: a throw below
+    // (this batch's) does not take them with it.
+    const due: string[] = [];
+    this.releaseDue(due);
+    if (due.length) this.write(due.join('\n') + '\n');
     const lines: string[] = [];
-    this.releaseDue(lines);
     for (const item of items) {
       const { flow, entry } = item;
       if (!entry.milestone) continue;
@@ -172,6 +179,7 @@ export class FlowTextPrinter {
   flush(): void {
     this.timer?.cancel();
     this.timer = undefined;
+    this.throwTimerFailure();
     const lines: string[] = [];
     for (const [flow, w] of this.waiting) this.release(flow, w, lines);
     if (lines.length) this.write(lines.join('\n') + '\n');
@@ -181,7 +189,19 @@ export class FlowTextPrinter {
     this.timer = undefined;
     const lines: string[] = [];
     this.releaseDue(lines);
-    if (lines.length) this.write(lines.join('\n') + '\n');
+    try {
+      if (lines.length) this.write(lines.join('\n') + '\n');
+    } catch (e) {
+      // Out of the sink's calls, a throw would end the process: it is
+      // thrown at the next call instead, which the sink set reports.
+      this.timerFailure ??= e instanceof Error ? e : new Error(String(e));
+    }
+  }
+
+  private throwTimerFailure(): void {
+    const e = this.timerFailure;
+    this.timerFailure = undefined;
+    if (e) throw e;
   }
 
   /** Releases the flows whose wait is over; arms the timer for the next one. */

@@ -2,10 +2,11 @@ import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { FlowTable } from '../../src/flows/flow-table';
 import type { RuleTrace } from '../../src/events/decode';
-import { NfStage } from '../../src/events/layout';
+import { EventKind, NfStage } from '../../src/events/layout';
 import { IPS_DST_NAT } from '../../src/events/conntrack';
 import { parseServiceSpec } from '../../src/net/ipv4';
 import { FlowTextPrinter, RULE_PATH_WAIT_MS, RULE_PATH_WAITING_MAX, type PrinterClock } from '../../src/output/flow-text';
+import { textTimelineSink } from '../../src/pipeline/sinks/text';
 import { ctKeyOf, ev, orig } from '../helpers/kernel-events';
 
 /** A clock the test moves by hand; `later` keeps what is due and runs it when `advance` passes it. */
@@ -33,11 +34,11 @@ class ManualClock implements PrinterClock {
 
 const trace = (traceId: number, chain: string, tsNs: bigint, pkt = orig): RuleTrace => ({ traceId, tsNs, pkt, ruleHandle: 1n, type: 3, verdict: -3, netnsIno: 111, table: 'nat', chain, target: '' });
 
-function setup(rulePathComing: boolean) {
+function setup(rulePathComing: boolean, write?: (s: string) => void) {
   const table = new FlowTable({ services: [parseServiceSpec('10.96.0.100:80')], closeGraceMs: 1000 });
   const clock = new ManualClock();
   const out: string[] = [];
-  const printer = new FlowTextPrinter((s) => out.push(s), false, { rulePathComing: () => rulePathComing, clock });
+  const printer = new FlowTextPrinter(write ?? ((s) => out.push(s)), false, { rulePathComing: () => rulePathComing, clock });
   const text = () => out.join('');
   // A connection's first packet: the match before DNAT, then DNAT (its rule path's message comes after both).
   const firstEvents = (sport = 40000, ctId = 'ffff1') => {
@@ -99,5 +100,49 @@ describe('FlowTextPrinter', () => {
     assert.match(text(), /^\[flow \d+\] tcp 10\.244\.1\.1:50000 /);
     printer.flush();
     assert.equal(labels(text()).length, 2 * (RULE_PATH_WAITING_MAX + 1));
+  });
+  it('a flow that ends is printed at once; a wait already over is not held up by a timer armed for an earlier flow', () => {
+    const { table, clock, printer, text, firstEvents } = setup(true);
+    printer.print(firstEvents());
+    printer.print(table.ingest([ev({ tsNs: 3_000_000n, kind: EventKind.CT_DESTROY, netnsIno: 111 })]));
+    assert.equal(labels(text()).at(-1), 'close', 'its end releases it');
+    assert.match(text(), /flow 1 done after/);
+    // Flow 2 waits from t=50; flow 1's timer (due at 100) finds it not due and waits on to 150.
+    clock.advance(50);
+    printer.print(firstEvents(40001, 'ffff2'));
+    const before = labels(text()).length;
+    clock.advance(50);
+    assert.equal(labels(text()).length, before, 'not due yet');
+    clock.advance(50);
+    assert.equal(labels(text()).length, before + 2);
+  });
+
+  it('a write that fails from the timer is thrown at the next call (for the sink set to report), not out of the timer', () => {
+    let fail = true;
+    const out: string[] = [];
+    const { clock, printer, firstEvents } = setup(true, (s) => {
+      if (fail) throw new Error('EIO');
+      out.push(s);
+    });
+    printer.print(firstEvents());
+    assert.doesNotThrow(() => clock.advance(RULE_PATH_WAIT_MS));
+    fail = false;
+    assert.throws(() => printer.print([]), /EIO/);
+    assert.doesNotThrow(() => printer.print([]), 'thrown once');
+  });
+
+  it('the text sink: --drops-only holds nothing; closing prints what waits', () => {
+    const t = new FlowTable({ services: [parseServiceSpec('10.96.0.100:80')] });
+    const out: string[] = [];
+    const sink = textTimelineSink((s) => out.push(s), false, () => undefined, false, () => true);
+    sink.write(t.ingest([ev({ tsNs: 1_000_000n })]));
+    assert.equal(out.join(''), '');
+    void sink.close?.();
+    assert.deepEqual(labels(out.join('')), ['match']);
+    const drops: string[] = [];
+    const dropsOnly = textTimelineSink((s) => drops.push(s), false, () => undefined, true, () => true);
+    const d = new FlowTable({ services: [parseServiceSpec('10.96.0.100:80')], dropReasons: { '12': 'NETFILTER_DROP' } });
+    dropsOnly.write(d.ingest([ev({ tsNs: 1_000_000n }), ev({ tsNs: 1_100_000n, kind: EventKind.DROP, reason: 12 })]));
+    assert.match(drops.join(''), /DROP/, 'printed at once');
   });
 });
