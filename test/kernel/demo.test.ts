@@ -1,0 +1,73 @@
+/**
+ * The README's first command (`npm run demo`: set-up, then `svctrace demo`)
+ * as a user sees it: every request of the built-in lab has its timeline,
+ * from the match to the reply, with the rule path in its place; the
+ * NodePort's masquerade and the Service without endpoints show; nothing is
+ * lost; and the lab is gone afterwards. (The set-up half runs first in
+ * `npm test` itself.)
+ */
+import { describe } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import path from 'node:path';
+import { kernelTest, netnsList } from '../helpers/kernel';
+import { ended } from '../helpers/child';
+
+const CLI = path.resolve(__dirname, '..', '..', '..', 'bin', 'svctrace.js');
+
+/** The timeline lines of each flow by its header: `[flow N] ...`, then its `  [N] +T ms label ...` lines as `label T`. */
+function timelines(out: string): Map<string, string[]> {
+  const byId = new Map<string, { header: string; lines: string[] }>();
+  for (const line of out.split('\n')) {
+    const header = /^\[flow (\d+)\] (.*)$/.exec(line);
+    if (header) byId.set(header[1]!, { header: header[2]!, lines: [] });
+    const entry = /^ {2}\[(\d+)\] \+ *([-\d.]+)ms (\S+)/.exec(line);
+    if (entry) byId.get(entry[1]!)?.lines.push(`${entry[3]} ${entry[2]}`);
+  }
+  return new Map([...byId.values()].map((f) => [f.header, f.lines]));
+}
+
+describe('svctrace demo (kernel)', () => {
+  kernelTest('every request\'s path from the ClusterIP to the pod and back, the rule path in its place, nothing lost, the lab torn down', async () => {
+    const REQUESTS = 3;
+    const child = spawn(process.execPath, [CLI, 'demo', '--requests', String(REQUESTS)], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    let err = '';
+    child.stdout!.on('data', (d) => (out += d));
+    child.stderr!.on('data', (d) => (err += d));
+    const killer = setTimeout(() => child.kill('SIGINT'), 150_000);
+    const code = await ended(child);
+    clearTimeout(killer);
+    assert.equal(code, 0, `demo failed: ${err}\n${out}`);
+
+    const flows = timelines(out);
+    const labelsOf = (f: string[]) => f.map((l) => l.split(' ')[0]);
+    const clusterIp = [...flows].filter(([h]) => h.includes('-> 10.96.0.100:80 '));
+    assert.equal(clusterIp.length, REQUESTS, `one flow per curl to the ClusterIP:\n${out}`);
+    for (const [h, f] of clusterIp) {
+      for (const l of ['match', 'rules', 'dnat', 'route', 'device', 'reply']) assert.ok(labelsOf(f).includes(l), `${h}: no ${l} line in ${f.join(', ')}`);
+      assert.equal(labelsOf(f)[0], 'match', `${h} begins with its match`);
+    }
+    // Every observed rule path is told at its flow's first packet, and
+    // printed right after the match (its message is read a few ms later:
+    // the text output holds a new flow for it). One flow may have waited
+    // longer than the hold on a loaded machine.
+    const withRules = [...flows.values()].filter((f) => labelsOf(f).includes('rules'));
+    assert.ok(withRules.length >= REQUESTS, `rule paths: ${withRules.length}\n${out}`);
+    for (const f of withRules) assert.ok(f.some((l) => l === 'rules 0.000'), `a rule path not at the first packet: ${f.join(', ')}`);
+    const misplaced = withRules.filter((f) => labelsOf(f)[1] !== 'rules');
+    assert.ok(misplaced.length <= 1, `rule paths printed below later lines:\n${misplaced.map((f) => f.join(', ')).join('\n')}`);
+
+    // The NodePort from the client: masqueraded, and the reply goes back to the client.
+    assert.match(out, /MASQUERADE\/SNAT @ POST_ROUTING 101: backend sees 10\.244\.1\.1:\d+ \(not the client 10\.250\.0\.2:\d+\)/);
+    // The Service without endpoints: kube-proxy's REJECT, told as such.
+    assert.match(out, /-> 10\.96\.0\.200:80[^\n]*\n(?: {2}\[\d+\][^\n]*\n)*? {2}\[\d+\] +\+ *[\d.]+ms ICMP +ICMP destination unreachable/);
+    assert.match(out, /rejected by table filter chain KUBE-SERVICES/);
+
+    assert.match(out, /lost: 0\n/, 'no event lost');
+    const nodeNs = /node (svt-\d+-[0-9a-f]+)-node;/.exec(out)?.[1];
+    assert.ok(nodeNs, 'the lab names its namespaces');
+    assert.match(out, /lab torn down \(0 namespaces left\)/);
+    assert.deepEqual(netnsList().filter((n) => n.startsWith(`${nodeNs}-`)), []);
+  }, { timeout: 180_000 });
+});
