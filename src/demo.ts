@@ -9,9 +9,10 @@ import { SvctraceError } from './errors';
 import { Lab } from './lab/lab';
 import { runIn } from './lab/exec';
 import { parseNodePortSpec, parseServiceSpec } from './net/ipv4';
-import { formatSummary } from './output/flow-text';
+import { diagnosisLine, formatSummary } from './output/flow-text';
 import { Pipeline } from './pipeline/pipeline';
 import { textTimelineSink } from './pipeline/sinks/text';
+import { liveDiagnoserSink } from './pipeline/sinks/diagnoser';
 
 function sleep(ms: number): Promise<void> {
   return new Promise((r) => setTimeout(r, ms));
@@ -46,7 +47,11 @@ export async function runDemo(opts: { requests: number; out?: NodeJS.WritableStr
         netns: [lab.nodeNetns],
         kubeconfig: false, // the lab has no API server
       },
-      (ctx) => [textTimelineSink((s) => out.write(s), color, ctx.backendName, false, ctx.rulePathsObserved)],
+      (ctx) => [
+        textTimelineSink((s) => out.write(s), { color, backendName: ctx.backendName, flows: ctx.flows, rulePathsObserved: ctx.rulePathsObserved }),
+        // The classic failures, as `trace` finds them: here the Service without endpoints.
+        liveDiagnoserSink(ctx.services, ctx.discovery, ctx.netns[0]!, (ds) => out.write(ds.map((d) => `${diagnosisLine(d)}\n`).join(''))),
+      ],
     );
 
     for (let i = 0; i < opts.requests; i++) {

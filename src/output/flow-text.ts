@@ -9,6 +9,7 @@ import { PROTO_NAMES, TCP_CT_STATES as TCP_STATE_NAMES } from '../events/conntra
 import type { TracerStats } from '../tracer/tracer';
 import { formatLosses, kernelLosses, totalLost, type StageLosses } from '../tracer/losses';
 import { eventSummary, isFailureEvent, stageLabel } from './event-summary';
+import type { LiveDiagnosis } from '../explain/live';
 
 export { isFailureEvent, stageLabel };
 
@@ -110,6 +111,8 @@ export interface FlowTextOptions {
 export class FlowTextPrinter {
   /** Flows whose header line went out: weak, so that a flow gone from the table is gone from here too (a Set of ids grew by one per detailed flow for as long as a trace ran). */
   private readonly headerPrinted = new WeakSet<Flow>();
+  /** Flows whose end line ("flow N done after ...") went out. */
+  private readonly endPrinted = new WeakSet<Flow>();
   /** New flows waiting for their rule path, oldest first (one wait for all: the oldest is due first). */
   private readonly waiting = new Map<Flow, WaitingFlow>();
   private timer: { cancel(): void } | undefined;
@@ -162,7 +165,10 @@ export class FlowTextPrinter {
       const rel = (Number(entry.tsNs - flow.firstTsNs) / 1e6).toFixed(3);
       const label = (entry.label ?? (entry.stateChange && entry.stage !== pb.Stage.STAGE_DROP ? 'state' : stageLabel(entry.stage, event))).padEnd(6);
       let text = `  [${flow.id}] +${rel.padStart(9)}ms ${this.paint(COLOR[entry.stage], label)} ${eventSummary(event)}`;
-      if (entry.stage === pb.Stage.STAGE_CLOSE) text += `\n  [${flow.id}] ${this.describeEnd(flow)}`;
+      if (entry.stage === pb.Stage.STAGE_CLOSE) {
+        text += `\n  [${flow.id}] ${this.describeEnd(flow)}`;
+        this.endPrinted.add(flow);
+      }
       if (w) {
         w.lines.push({ tsNs: entry.tsNs, text });
         // Its path came, or it is over: out now, in time order.
@@ -171,6 +177,26 @@ export class FlowTextPrinter {
         if (header) lines.push(header);
         lines.push(text);
       }
+    }
+    if (lines.length) this.write(lines.join('\n') + '\n');
+  }
+
+  /**
+   * The end line of each flow among `flows` that closed and whose timeline
+   * was printed, unless its close line said it: a TCP connection's end is
+   * its TIME_WAIT or CLOSE, counted in the kernel, and conntrack's destroy
+   * (its close line) comes minutes later if at all. Called when flows leave
+   * the table (2 s after their end, their last counters in) and when the
+   * trace ends.
+   */
+  ended(flows: readonly Flow[]): void {
+    const lines: string[] = [];
+    for (const f of flows) {
+      if (!f.closed || this.endPrinted.has(f) || !this.headerPrinted.has(f)) continue;
+      const w = this.waiting.get(f);
+      if (w) this.release(f, w, lines);
+      this.endPrinted.add(f);
+      lines.push(`  [${f.id}] ${this.describeEnd(f)}`);
     }
     if (lines.length) this.write(lines.join('\n') + '\n');
   }
@@ -236,6 +262,11 @@ export class FlowTextPrinter {
       `${f.masqueraded ? ', masqueraded' : ''}${f.reset ? ', reset' : ''}${drops}`
     );
   }
+}
+
+/** A diagnosis found while tracing, as the text output prints it (`trace`, the demo). */
+export function diagnosisLine(d: LiveDiagnosis): string {
+  return `[diagnosis] [${d.severity.toUpperCase()}] ${d.code}${d.layer ? ` (${d.layer})` : ''} ${d.service}${d.object ? ` ${d.object}` : ''}: ${d.summary}`;
 }
 
 /** The summary printed when a trace ends (Ctrl-C or --duration). */

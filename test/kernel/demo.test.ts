@@ -2,7 +2,7 @@
  * The README's first command (`npm run demo`: set-up, then `svctrace demo`)
  * as a user sees it: every request of the built-in lab has its timeline,
  * from the match to the reply, with the rule path in its place; the
- * NodePort's masquerade and the Service without endpoints show; nothing is
+ * NodePort's masquerade and the Service without endpoints (diagnosed) show; nothing is
  * lost; and the lab is gone afterwards. (The set-up half runs first in
  * `npm test` itself.)
  */
@@ -48,6 +48,12 @@ describe('svctrace demo (kernel)', () => {
       for (const l of ['match', 'rules', 'dnat', 'route', 'device', 'reply']) assert.ok(labelsOf(f).includes(l), `${h}: no ${l} line in ${f.join(', ')}`);
       assert.equal(labelsOf(f)[0], 'match', `${h} begins with its match`);
     }
+    // Each connection's end line, with its counters from the kernel (a TCP
+    // connection ends at TIME_WAIT: conntrack's destroy comes much later).
+    for (const [h] of clusterIp) {
+      const id = new RegExp(`^\\[flow (\\d+)\\] ${h.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}$`, 'm').exec(out)?.[1];
+      assert.match(out, new RegExp(`^  \\[${id}\\] flow ${id} done after [\\d.]+ms: backend 10\\.244\\.1\\.1\\d:8080 \\(svt-[^)]+-pod\\d\\), [1-9]\\d* pkts/\\d+ B out, [1-9]\\d* pkts/\\d+ B back$`, 'm'), `${h}: no end line`);
+    }
     // Every observed rule path is told at its flow's first packet, and
     // printed right after the match (its message is read a few ms later:
     // the text output holds a new flow for it). One flow may have waited
@@ -60,7 +66,10 @@ describe('svctrace demo (kernel)', () => {
 
     // The NodePort from the client: masqueraded, and the reply goes back to the client.
     assert.match(out, /MASQUERADE\/SNAT @ POST_ROUTING 101: backend sees 10\.244\.1\.1:\d+ \(not the client 10\.250\.0\.2:\d+\)/);
-    // The Service without endpoints: kube-proxy's REJECT, told as such.
+    // The Service without endpoints: diagnosed from the rules, and its
+    // connection's REJECT told as such; no other Service is diagnosed.
+    const diagnoses = out.split('\n').filter((l) => l.startsWith('[diagnosis]'));
+    assert.deepEqual(diagnoses.map((l) => /\] ([A-Z_]+) .*? ([\d.]+:\d+\/\w+)/.exec(l)?.slice(1).join(' ')), ['NO_ENDPOINTS 10.96.0.200:80/tcp'], diagnoses.join('\n'));
     assert.match(out, /-> 10\.96\.0\.200:80[^\n]*\n(?: {2}\[\d+\][^\n]*\n)*? {2}\[\d+\] +\+ *[\d.]+ms ICMP +ICMP destination unreachable/);
     assert.match(out, /rejected by table filter chain KUBE-SERVICES/);
 

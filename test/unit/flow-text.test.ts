@@ -134,15 +134,34 @@ describe('FlowTextPrinter', () => {
   it('the text sink: --drops-only holds nothing; closing prints what waits', () => {
     const t = new FlowTable({ services: [parseServiceSpec('10.96.0.100:80')] });
     const out: string[] = [];
-    const sink = textTimelineSink((s) => out.push(s), false, () => undefined, false, () => true);
+    const sink = textTimelineSink((s) => out.push(s), { color: false, backendName: () => undefined, flows: t, rulePathsObserved: () => true });
     sink.write(t.ingest([ev({ tsNs: 1_000_000n })]));
     assert.equal(out.join(''), '');
     void sink.close?.();
     assert.deepEqual(labels(out.join('')), ['match']);
     const drops: string[] = [];
-    const dropsOnly = textTimelineSink((s) => drops.push(s), false, () => undefined, true, () => true);
+    const dropsOnly = textTimelineSink((s) => drops.push(s), { color: false, backendName: () => undefined, flows: t, dropsOnly: true, rulePathsObserved: () => true });
     const d = new FlowTable({ services: [parseServiceSpec('10.96.0.100:80')], dropReasons: { '12': 'NETFILTER_DROP' } });
     dropsOnly.write(d.ingest([ev({ tsNs: 1_000_000n }), ev({ tsNs: 1_100_000n, kind: EventKind.DROP, reason: 12 })]));
     assert.match(drops.join(''), /DROP/, 'printed at once');
+  });
+  it('a flow that ended gets its end line once, when it leaves the table or the trace ends; one never printed or still open gets none', () => {
+    const { table, printer, text, firstEvents } = setup(false);
+    printer.print(firstEvents());
+    const [f] = table.flows();
+    printer.ended([f!]);
+    assert.doesNotMatch(text(), /done after/, 'still open');
+    f!.closed = true;
+    printer.ended([f!]);
+    printer.ended([f!]);
+    assert.equal(text().match(/done after/g)?.length, 1);
+    assert.match(text(), /^ {2}\[1\] flow 1 done after [\d.]+ms: backend 10\.244\.1\.12:8080, 0 pkts\/0 B out/m);
+    // A flow the output never showed (counted only, or not a failure with --drops-only): none.
+    const other = setup(false);
+    other.firstEvents();
+    const [g] = other.table.flows();
+    g!.closed = true;
+    other.printer.ended([g!]);
+    assert.equal(other.text(), '');
   });
 });

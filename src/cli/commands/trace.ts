@@ -1,5 +1,5 @@
 import { Command } from 'commander';
-import { formatSummary } from '../../output/flow-text';
+import { diagnosisLine, formatSummary } from '../../output/flow-text';
 import { waitForStop } from '../../pipeline/lifecycle';
 import { Pipeline } from '../../pipeline/pipeline';
 import { flowLinesSink, textTimelineSink } from '../../pipeline/sinks/text';
@@ -34,7 +34,7 @@ export function registerTrace(program: Command): void {
               .map((x) =>
                 opts.output === 'json'
                   ? `${JSON.stringify({ diagnosis: x })}\n`
-                  : `[diagnosis] [${x.severity.toUpperCase()}] ${x.code}${x.layer ? ` (${x.layer})` : ''} ${x.service}${x.object ? ` ${x.object}` : ''}: ${x.summary}\n`,
+                  : `${diagnosisLine(x)}\n`,
               )
               .join(''),
           ),
@@ -44,7 +44,7 @@ export function registerTrace(program: Command): void {
           ? [jsonLinesSink(write, dropsOnly), diagnoser]
           : opts.output === 'flows'
             ? [flowLinesSink(write, ctx.flows, ctx.backendName, dropsOnly), diagnoser]
-            : [textTimelineSink(write, useColor(), ctx.backendName, dropsOnly, ctx.rulePathsObserved), diagnoser];
+            : [textTimelineSink(write, { color: useColor(), backendName: ctx.backendName, flows: ctx.flows, dropsOnly, rulePathsObserved: ctx.rulePathsObserved }), diagnoser];
       });
       process.stderr.write(`svctrace: tracing ${services.map((s) => s.text).join(', ')} (backend ${pipeline.attachBackend.reason}); Ctrl-C to stop\n`);
       await waitForStop(duration, pipeline.allNetnsGone);

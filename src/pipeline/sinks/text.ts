@@ -3,14 +3,28 @@ import { flowFailed, flowLine, FlowTextPrinter, isFailureItem } from '../../outp
 import type { FlowTableView } from '../../flows/types';
 import type { Sink } from '../sink';
 
-/**
- * `dropsOnly`: only the failures (drops, resets, ICMP errors), each under its
- * flow's header. `rulePathsObserved`: a new flow's first lines wait (100 ms
- * at most) for its rule path, so that it is printed in its place.
- */
-export function textTimelineSink(write: (s: string) => void, color: boolean, backendName: (addr: string) => string | undefined, dropsOnly = false, rulePathsObserved: () => boolean = () => false): Sink {
-  const printer = new FlowTextPrinter(write, color, { backendName, rulePathComing: dropsOnly ? undefined : rulePathsObserved });
-  return { name: 'text', write: (items) => printer.print(dropsOnly ? items.filter(isFailureItem) : items), close: () => printer.flush() };
+export interface TextTimelineOptions {
+  color: boolean;
+  backendName: (addr: string) => string | undefined;
+  /** The flow table: flows that ended get their end line when the trace ends. */
+  flows: FlowTableView;
+  /** Only the failures (drops, resets, ICMP errors), each under its flow's header. */
+  dropsOnly?: boolean;
+  /** Rule paths are observed: a new flow's first lines wait (100 ms at most) for its path, so that it is printed in its place. */
+  rulePathsObserved?: () => boolean;
+}
+
+export function textTimelineSink(write: (s: string) => void, opts: TextTimelineOptions): Sink {
+  const printer = new FlowTextPrinter(write, opts.color, { backendName: opts.backendName, rulePathComing: opts.dropsOnly ? undefined : opts.rulePathsObserved });
+  return {
+    name: 'text',
+    write: (items) => printer.print(opts.dropsOnly ? items.filter(isFailureItem) : items),
+    expired: (flows) => printer.ended(flows),
+    close: () => {
+      printer.flush();
+      printer.ended(opts.flows.flows());
+    },
+  };
 }
 
 /**
