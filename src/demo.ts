@@ -50,7 +50,7 @@ export async function runDemo(opts: { requests: number; out?: NodeJS.WritableStr
       (ctx) => [
         textTimelineSink((s) => out.write(s), { color, backendName: ctx.backendName, flows: ctx.flows, rulePathsObserved: ctx.rulePathsObserved }),
         // The classic failures, as `trace` finds them: here the Service without endpoints.
-        liveDiagnoserSink(ctx.services, ctx.discovery, ctx.netns[0]!, (ds) => out.write(ds.map((d) => `${diagnosisLine(d)}\n`).join(''))),
+        liveDiagnoserSink(ctx.services, ctx.discovery, ctx.netns[0]!, (ds) => out.write(ds.map((d) => `${diagnosisLine(d)}\n`).join('')), { deliveredThrough: () => ctx.deliveredThrough() }),
       ],
     );
 

@@ -192,7 +192,9 @@ export class FlowTextPrinter {
   ended(flows: readonly Flow[]): void {
     const lines: string[] = [];
     for (const f of flows) {
-      if (!f.closed || this.endPrinted.has(f) || !this.headerPrinted.has(f)) continue;
+      // Closed with the kernel's final counters (a flow handed on early, its
+      // address reused under load, may have none yet: no line then).
+      if (!f.closed || !f.countersFinal || this.endPrinted.has(f) || !this.headerPrinted.has(f)) continue;
       const w = this.waiting.get(f);
       if (w) this.release(f, w, lines);
       this.endPrinted.add(f);
@@ -205,10 +207,13 @@ export class FlowTextPrinter {
   flush(): void {
     this.timer?.cancel();
     this.timer = undefined;
-    this.throwTimerFailure();
     const lines: string[] = [];
     for (const [flow, w] of this.waiting) this.release(flow, w, lines);
-    if (lines.length) this.write(lines.join('\n') + '\n');
+    try {
+      if (lines.length) this.write(lines.join('\n') + '\n');
+    } finally {
+      this.throwTimerFailure();
+    }
   }
 
   private onTimer(): void {

@@ -19,10 +19,14 @@ export function textTimelineSink(write: (s: string) => void, opts: TextTimelineO
   return {
     name: 'text',
     write: (items) => printer.print(opts.dropsOnly ? items.filter(isFailureItem) : items),
-    expired: (flows) => printer.ended(flows),
+    // End lines, with the counters, for the timelines shown (--drops-only shows only the failures).
+    expired: opts.dropsOnly ? undefined : (flows) => printer.ended(flows),
     close: () => {
-      printer.flush();
-      printer.ended(opts.flows.flows());
+      try {
+        printer.flush();
+      } finally {
+        if (!opts.dropsOnly) printer.ended(opts.flows.flows());
+      }
     },
   };
 }
