@@ -1,7 +1,7 @@
 /** Option parsing shared by the commands that trace (trace, serve, record). */
-import fs from 'node:fs';
 import { Command } from 'commander';
 import { SvctraceError } from '../errors';
+import { readSmallFile } from '../small-file';
 import { DEFAULT_DETAIL_RATE, DEFAULT_RING_BUFFER_BYTES, DEFAULT_STATS_INTERVAL_MS, MAX_SNAPLEN } from '../events/layout';
 import { parseNodePortSpec, parseServiceSpec, ServiceSpec } from '../net/ipv4';
 import { discover } from '../discovery/discover';
@@ -91,14 +91,9 @@ function isServiceName(s: string): boolean {
 export function readToken(opts: { token?: string; tokenFile?: string }): string | undefined {
   if (opts.token && opts.tokenFile) throw new SvctraceError('BAD_INPUT', 'give --token or --token-file, not both');
   if (opts.tokenFile) {
-    try {
-      const t = fs.readFileSync(opts.tokenFile, 'utf8').split('\n')[0]!.trim();
-      if (!t) throw new SvctraceError('BAD_INPUT', `token file ${opts.tokenFile} is empty`);
-      return t;
-    } catch (e) {
-      if (e instanceof SvctraceError) throw e;
-      throw new SvctraceError('BAD_INPUT', `cannot read token file ${opts.tokenFile}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
-    }
+    const t = readSmallFile(opts.tokenFile, 'token file').toString('utf8').split('\n')[0]!.trim();
+    if (!t) throw new SvctraceError('BAD_INPUT', `token file ${opts.tokenFile} is empty`);
+    return t;
   }
   return opts.token;
 }

@@ -3,9 +3,9 @@
  * it listens, the token clients present, TLS, and the browser origins and
  * host names it accepts. One definition, so both commands take the same.
  */
-import fs from 'node:fs';
 import { Command } from 'commander';
 import { SvctraceError } from '../errors';
+import { readSmallFile } from '../small-file';
 import { DEFAULT_LISTEN, ServeOptions } from '../stream/server';
 import { collect, readToken } from './options';
 
@@ -20,11 +20,7 @@ export interface ServerCliOptions {
 }
 
 export function readFileOpt(path: string, what: string): Buffer {
-  try {
-    return fs.readFileSync(path);
-  } catch (e) {
-    throw new SvctraceError('BAD_INPUT', `cannot read ${what} ${path}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
-  }
+  return readSmallFile(path, what);
 }
 
 export function addServerOptions(cmd: Command, listen = DEFAULT_LISTEN): Command {

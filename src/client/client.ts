@@ -21,6 +21,9 @@ export interface WebSocketLike {
   onmessage: ((ev: { data: unknown }) => void) | null;
   onclose: ((ev: { code: number; reason: string }) => void) | null;
   onerror: ((ev: unknown) => void) | null;
+  /** Node's `ws`: stops reading the socket (TCP backpressure) and starts again; a browser's WebSocket has no such thing. */
+  pause?(): void;
+  resume?(): void;
 }
 export type WebSocketCtor = new (url: string, protocols?: string[]) => WebSocketLike;
 
@@ -181,6 +184,23 @@ export class SvctraceClient {
 
   resume(): void {
     this.send({ resume: {} });
+  }
+
+  /**
+   * Stops reading from the server while this side's output is behind (Node
+   * only; false where it cannot): the server's queue for this client fills
+   * and it drops what does not fit, counted in its Status, or closes a
+   * client stuck too long (TOO_SLOW). Unlike pause(), nothing is skipped
+   * uncounted.
+   */
+  holdReading(): boolean {
+    if (!this.ws.pause) return false;
+    this.ws.pause();
+    return true;
+  }
+
+  releaseReading(): void {
+    this.ws.resume?.();
   }
 
   ping(nonce = Date.now()): void {

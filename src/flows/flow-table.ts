@@ -168,6 +168,8 @@ export class FlowTable implements FlowTableView {
     for (; next < counters.length; next++) {
       const i = this.applyStats(counters[next]!);
       if (i) out.push(i);
+      // What counters found (a drop at the backend, known from its NAT) goes out with them, not with a later batch's event.
+      if (this.deferred.length) out.push(...this.deferred.splice(0));
     }
     return out;
   }

@@ -31,6 +31,50 @@ export function stdoutClosed(): boolean {
 }
 
 /**
+ * Bytes stdout may hold for a slow reader (`| less`, a busy `jq`) before a
+ * writer that can wait does: Node buffers a pipe's writes without limit.
+ */
+const STDOUT_HIGH_WATER = 1 << 20;
+
+/**
+ * A promise to await before writing more when stdout's reader is behind
+ * (it resolves once stdout drained, or its reader is gone); undefined when
+ * there is room. Memory stays bounded and nothing is dropped.
+ */
+export function stdoutRoom(out: NodeJS.WritableStream & { writableLength: number } = process.stdout): Promise<void> | undefined {
+  if (out.writableLength < STDOUT_HIGH_WATER || stdoutClosed()) return undefined;
+  return new Promise((resolve) => {
+    const done = () => {
+      out.off('drain', done);
+      out.off('close', done);
+      stdoutGone.signal.removeEventListener('abort', done);
+      resolve();
+    };
+    out.on('drain', done);
+    out.on('close', done);
+    stdoutGone.signal.addEventListener('abort', done);
+  });
+}
+
+let stopping = false;
+
+/**
+ * After the signal that stops a command, the next one (an impatient second
+ * Ctrl-C) is answered, not obeyed: its default action would kill the
+ * process while it writes what it still holds (the last events, a
+ * recording's trailer with its loss counters). A third one kills it.
+ */
+function stoppingOnSignal(): void {
+  if (stopping) return;
+  stopping = true;
+  const again = () => {
+    for (const s of STOP_SIGNALS) process.off(s, again);
+    process.stderr.write('svctrace: stopping: writing what is left (the last events, a recording\'s trailer); Ctrl-C again quits at once and loses them\n');
+  };
+  for (const s of STOP_SIGNALS) process.on(s, again);
+}
+
+/**
  * Resolves after `seconds`, on SIGINT/SIGTERM/SIGHUP, when stdout's reader
  * is gone (see watchStdout), or when `abort` fires,
  * whichever comes first; it always removes its signal handlers.
@@ -38,7 +82,10 @@ export function stdoutClosed(): boolean {
 export function waitForStop(seconds: number | undefined, abort?: AbortSignal): Promise<'timeout' | 'signal' | 'aborted'> {
   return new Promise((resolve) => {
     let timer: NodeJS.Timeout | undefined;
-    const onSignal = () => finish('signal');
+    const onSignal = () => {
+      stoppingOnSignal(); // a signal, not stdout's reader gone: the next one is answered
+      finish('signal');
+    };
     const onAbort = () => finish('aborted');
     const onStdoutGone = () => finish('signal');
     const finish = (why: 'timeout' | 'signal' | 'aborted') => {

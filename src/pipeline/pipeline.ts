@@ -153,6 +153,7 @@ export class Pipeline {
   private changed: Map<number, Flow> | undefined;
   /** Flow changes that gave way in `changed` before the stream took them (stage flow_updates). */
   private flowUpdatesDropped = 0;
+  private flowsWanted = false;
   private readonly apiNames: ApiNames | undefined;
   /** Names where the kernel dropped packets; its table is read ahead at start. */
   private dropLocations: DropLocations | undefined;
@@ -278,7 +279,8 @@ export class Pipeline {
         // changes thousands a second): the first changed gives way, counted.
         if (changed.size > MAX_CHANGED_FLOWS) {
           changed.delete(changed.keys().next().value!);
-          this.flowUpdatesDropped++;
+          // A loss only for a client that asked for flows (the stream's last update said whether one did).
+          if (this.flowsWanted) this.flowUpdatesDropped++;
         }
       }
       if (this.apiNames) nameItem(item, this.apiNames.names(flow));
@@ -336,6 +338,7 @@ export class Pipeline {
       dropsByReason: () => this.table.dropsByReason(),
       packetsDropped: () => this.table.packetsDropped,
       takeChangedFlows: (wanted) => {
+        this.flowsWanted = wanted;
         // Thousands of flows change per second in a storm: their messages are built only for a client that asked.
         const out: svctrace.v1.IFlow[] = wanted ? [...changed.values()].map(flowToProto) : [];
         changed.clear();
@@ -441,6 +444,12 @@ export class Pipeline {
     this.refreshCounters(); // the summary counts every packet so far
     this.tracer.close();
     this.delivering = false;
+    // The close flushed what the reader and listeners still held to JS: those
+    // batches come on the loop's next poll phase and are counted lost at
+    // shutdown there. Two immediates (a stop begun in the poll phase itself
+    // reaches its check phase first) are a whole poll phase, before the stats
+    // are read and the sinks (a recording's trailer) closed.
+    for (let i = 0; i < 2; i++) await new Promise((r) => setImmediate(r));
     const stats = this.tracer.stats();
     await this.sinks.close();
     await this.cluster?.stop();

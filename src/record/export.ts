@@ -5,7 +5,7 @@ import { SvctraceError } from '../errors';
 import { eventToJson } from '../flows/to-proto';
 import { VERSION } from '../version';
 import { enhancedPacket, interfaceDescription, sectionHeader } from './pcapng';
-import { readRecording, Recording } from './reader';
+import { iterRecording, readRecording, Recording } from './reader';
 import { eventSummary } from '../output/event-summary';
 
 import pb = svctrace.v1;
@@ -127,7 +127,8 @@ function toJson(type: { toObject(m: never, o: object): object }, m: unknown): ob
 }
 
 /** JSON lines: {"header":...}, {"snapshot":...}, one Event per line, then {"trailer":...} if present. */
-export function exportJson(input: string, write: (line: string) => void): Recording {
+/** `room`: after each slice of events, a promise to await when the output is behind (stdout's reader is slow), so memory stays bounded; `stop`: the output is gone. */
+export async function exportJson(input: string, write: (line: string) => void, room: () => Promise<void> | undefined = () => undefined, stop: () => boolean = () => false): Promise<Recording> {
   let head = false;
   const writeHead = (r: Recording) => {
     if (head) return;
@@ -135,10 +136,27 @@ export function exportJson(input: string, write: (line: string) => void): Record
     if (r.header) write(JSON.stringify({ header: toJson(pb.RecordingHeader, r.header) }));
     if (r.snapshot) write(JSON.stringify({ snapshot: toJson(pb.NodeSnapshot, r.snapshot) }));
   };
-  const rec = readRecording(input, (events, _c, sofar) => {
-    writeHead(sofar);
-    for (const e of events) write(eventToJson(e));
-  });
+  const it = iterRecording(input);
+  let rec: Recording;
+  try {
+    for (;;) {
+      const r = it.next();
+      if (r.done) {
+        rec = r.value;
+        break;
+      }
+      writeHead(r.value.rec);
+      for (const e of r.value.events) write(eventToJson(e));
+      await room();
+      // The output's reader is gone (`| head`): the rest is not read.
+      if (stop()) {
+        rec = r.value.rec;
+        break;
+      }
+    }
+  } finally {
+    it.return({ eventCount: 0, eventChunks: 0, chunks: 0, size: 0, validBytes: 0, problems: [] });
+  }
   writeHead(rec);
   if (rec.trailer) write(JSON.stringify({ trailer: toJson(pb.RecordingTrailer, rec.trailer) }));
   return rec;

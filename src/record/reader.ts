@@ -53,10 +53,15 @@ export function* decodeEventsPayload(payload: Uint8Array): Generator<pb.Event[],
  */
 export function readRecording(path: string, onEvents?: (events: pb.Event[], chunk: Chunk, rec: Recording) => void): Recording {
   const it = iterRecording(path);
-  for (;;) {
-    const r = it.next();
-    if (r.done) return r.value;
-    onEvents?.(r.value.events, r.value.chunk, r.value.rec);
+  try {
+    for (;;) {
+      const r = it.next();
+      if (r.done) return r.value;
+      onEvents?.(r.value.events, r.value.chunk, r.value.rec);
+    }
+  } finally {
+    // A callback that threw (a full disk under export) leaves no file open.
+    it.return({ eventCount: 0, eventChunks: 0, chunks: 0, size: 0, validBytes: 0, problems: [] });
   }
 }
 
@@ -69,69 +74,75 @@ export function readRecording(path: string, onEvents?: (events: pb.Event[], chun
 export function* iterRecording(path: string): Generator<{ events: pb.Event[]; chunk: Chunk; rec: Recording }, Recording, void> {
   const rec: Recording = { eventCount: 0, eventChunks: 0, chunks: 0, size: 0, validBytes: 0, problems: [] };
   const it = iterChunks(path);
-  let decodeProblem: Problem | undefined;
-  let r = it.next();
-  while (!r.done) {
-    const c = r.value;
-    // The order the format fixes: header, snapshot (at most one, before any
-    // events; a recording may have none), events, trailer (iterChunks).
-    const outOfOrder =
-      c.index === 0 && c.type !== ChunkType.HEADER
-        ? 'the first chunk is not the header'
-        : c.type === ChunkType.HEADER && c.index !== 0
-          ? 'a second header'
-          : c.type === ChunkType.SNAPSHOT && (rec.snapshot || rec.eventChunks)
-            ? rec.snapshot
-              ? 'a second snapshot'
-              : 'a snapshot after events'
-            : undefined;
-    if (outOfOrder) {
-      decodeProblem = { kind: 'order', offset: c.offset, chunk: c.index, message: `chunk ${c.index} (${CHUNK_NAMES[c.type]}) at offset ${c.offset} is out of order: ${outOfOrder}`, corrupt: true };
-      break;
-    }
-    try {
-      switch (c.type) {
-        case ChunkType.HEADER:
-          rec.header = pb.RecordingHeader.decode(c.payload);
-          break;
-        case ChunkType.SNAPSHOT:
-          rec.snapshot = pb.NodeSnapshot.decode(c.payload);
-          break;
-        case ChunkType.EVENTS:
-          rec.eventChunks++;
-          for (const events of decodeEventsPayload(c.payload)) {
-            rec.eventCount += events.length;
-            yield { events, chunk: c, rec };
-          }
-          break;
-        case ChunkType.TRAILER:
-          rec.trailer = pb.RecordingTrailer.decode(c.payload);
-          rec.signedHead = c.prevHash;
-          break;
+  // The file is closed however the walk ends: at its end, on a problem, or
+  // when the consumer stops early (return(): replay's Ctrl-C) or throws.
+  try {
+    let decodeProblem: Problem | undefined;
+    let r = it.next();
+    while (!r.done) {
+      const c = r.value;
+      // The order the format fixes: header, snapshot (at most one, before any
+      // events; a recording may have none), events, trailer (iterChunks).
+      const outOfOrder =
+        c.index === 0 && c.type !== ChunkType.HEADER
+          ? 'the first chunk is not the header'
+          : c.type === ChunkType.HEADER && c.index !== 0
+            ? 'a second header'
+            : c.type === ChunkType.SNAPSHOT && (rec.snapshot || rec.eventChunks)
+              ? rec.snapshot
+                ? 'a second snapshot'
+                : 'a snapshot after events'
+              : undefined;
+      if (outOfOrder) {
+        decodeProblem = { kind: 'order', offset: c.offset, chunk: c.index, message: `chunk ${c.index} (${CHUNK_NAMES[c.type]}) at offset ${c.offset} is out of order: ${outOfOrder}`, corrupt: true };
+        break;
       }
-    } catch (e) {
-      decodeProblem = {
-        kind: 'bad-payload',
-        offset: c.offset,
-        chunk: c.index,
-        message: `chunk ${c.index} (${CHUNK_NAMES[c.type]}) at offset ${c.offset} does not decode: ${(e as Error).message}`,
-        corrupt: true,
-      };
-      break;
+      try {
+        switch (c.type) {
+          case ChunkType.HEADER:
+            rec.header = pb.RecordingHeader.decode(c.payload);
+            break;
+          case ChunkType.SNAPSHOT:
+            rec.snapshot = pb.NodeSnapshot.decode(c.payload);
+            break;
+          case ChunkType.EVENTS:
+            rec.eventChunks++;
+            for (const events of decodeEventsPayload(c.payload)) {
+              rec.eventCount += events.length;
+              yield { events, chunk: c, rec };
+            }
+            break;
+          case ChunkType.TRAILER:
+            rec.trailer = pb.RecordingTrailer.decode(c.payload);
+            rec.signedHead = c.prevHash;
+            break;
+        }
+      } catch (e) {
+        decodeProblem = {
+          kind: 'bad-payload',
+          offset: c.offset,
+          chunk: c.index,
+          message: `chunk ${c.index} (${CHUNK_NAMES[c.type]}) at offset ${c.offset} does not decode: ${(e as Error).message}`,
+          corrupt: true,
+        };
+        break;
+      }
+      r = it.next();
     }
-    r = it.next();
-  }
-  if (decodeProblem) {
-    rec.problems.push(decodeProblem);
-    rec.validBytes = decodeProblem.offset;
-    rec.size = fs.statSync(path).size;
-    it.return({ problems: [], validBytes: 0, chunks: 0, size: 0 });
+    if (decodeProblem) {
+      rec.problems.push(decodeProblem);
+      rec.validBytes = decodeProblem.offset;
+      rec.size = fs.statSync(path).size;
+      it.return({ problems: [], validBytes: 0, chunks: 0, size: 0 });
+      return rec;
+    }
+    const walk = r.value as WalkResult;
+    rec.problems.push(...walk.problems);
+    rec.chunks = walk.chunks;
+    rec.size = walk.size;
+    rec.validBytes = walk.validBytes;
     return rec;
+  } finally {
+    it.return({ problems: [], validBytes: 0, chunks: 0, size: 0 });
   }
-  const walk = r.value as WalkResult;
-  rec.problems.push(...walk.problems);
-  rec.chunks = walk.chunks;
-  rec.size = walk.size;
-  rec.validBytes = walk.validBytes;
-  return rec;
 }

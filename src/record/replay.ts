@@ -29,38 +29,45 @@ function tsOf(e: pb.IEvent): bigint {
  * Delivers events in batches, sleeping so that their spacing is the
  * recorded one divided by `speed`. Returns the recording (with problems).
  */
-export async function replay(path: string, speed: Speed, deliver: (events: pb.Event[]) => void, shouldStop: () => boolean = () => false): Promise<Recording> {
+export async function replay(path: string, speed: Speed, deliver: (events: pb.Event[]) => Promise<void> | void, shouldStop: () => boolean = () => false): Promise<Recording> {
   const it = iterRecording(path);
-  let baseTs: bigint | null = null;
-  const baseWall = Date.now();
-  for (;;) {
-    const r = it.next();
-    if (r.done) return r.value;
-    const events = r.value.events;
-    if (!events.length) continue;
-    if (speed === 'max') {
-      deliver(events);
-      await new Promise((res) => setImmediate(res));
-    } else {
-      // Deliver in runs of events that are due at the same time.
-      let i = 0;
-      while (i < events.length) {
-        if (shouldStop()) break;
-        const ts = tsOf(events[i]!);
-        baseTs ??= ts;
-        const dueMs = Number(ts - baseTs) / 1e6 / speed;
-        const wait = baseWall + dueMs - Date.now();
-        if (wait > 1) await new Promise((res) => setTimeout(res, Math.min(wait, 60_000)));
-        let j = i + 1;
-        while (j < events.length && Number(tsOf(events[j]!) - baseTs) / 1e6 / speed <= Date.now() - baseWall) j++;
-        deliver(events.slice(i, j));
-        i = j;
+  try {
+    let baseTs: bigint | null = null;
+    const baseWall = Date.now();
+    for (;;) {
+      const r = it.next();
+      if (r.done) return r.value;
+      const events = r.value.events;
+      if (!events.length) continue;
+      if (speed === 'max') {
+        // A promise: the output is behind (a slow reader of stdout), waited for.
+        await deliver(events);
+        await new Promise((res) => setImmediate(res));
+      } else {
+        // Deliver in runs of events that are due at the same time.
+        let i = 0;
+        while (i < events.length) {
+          if (shouldStop()) break;
+          const ts = tsOf(events[i]!);
+          baseTs ??= ts;
+          const dueMs = Number(ts - baseTs) / 1e6 / speed;
+          const wait = baseWall + dueMs - Date.now();
+          if (wait > 1) {
+            // In steps of a second at most: a stop is seen within one, and an
+            // event due later than a step is not delivered before its time.
+            await new Promise((res) => setTimeout(res, Math.min(wait, 1000)));
+            if (wait > 1000) continue;
+          }
+          let j = i + 1;
+          while (j < events.length && Number(tsOf(events[j]!) - baseTs) / 1e6 / speed <= Date.now() - baseWall) j++;
+          await deliver(events.slice(i, j));
+          i = j;
+        }
       }
+      if (shouldStop()) return r.value.rec;
     }
-    if (shouldStop()) {
-      const rec = r.value.rec;
-      it.return(rec); // closes the file
-      return rec;
-    }
+  } finally {
+    // Stopped early, or an output that threw: the file is closed.
+    it.return({ eventCount: 0, eventChunks: 0, chunks: 0, size: 0, validBytes: 0, problems: [] });
   }
 }

@@ -8,19 +8,14 @@
  * threat model.
  */
 import crypto from 'node:crypto';
-import fs from 'node:fs';
 import { SvctraceError } from '../errors';
+import { readSmallFile } from '../small-file';
 
 /** Domain separation: a signature over a recording can be nothing else. */
 const DOMAIN = Buffer.from('svctrace recording v1 chain head\n');
 
 function readKey(path: string, what: 'private' | 'public'): crypto.KeyObject {
-  let pem: Buffer;
-  try {
-    pem = fs.readFileSync(path);
-  } catch (e) {
-    throw new SvctraceError('BAD_INPUT', `cannot read the ${what} key ${path}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
-  }
+  const pem = readSmallFile(path, `the ${what} key`);
   let key: crypto.KeyObject;
   try {
     key = what === 'private' ? crypto.createPrivateKey(pem) : crypto.createPublicKey(pem);

@@ -84,6 +84,9 @@ export class Hub {
   /** Adopts an accepted WebSocket; false when the server is full. */
   add(ws: WebSocket, remote: string): ClientConn | null {
     if (this.clients.size >= this.limits.maxClients) {
+      // No ClientConn listens on it: a bad frame sent before the close completes
+      // would be an 'error' nobody handles, which ends the process.
+      ws.on('error', () => ws.terminate());
       ws.close(CLOSE.TOO_MANY_CLIENTS, `too many clients (at most ${this.limits.maxClients})`);
       return null;
     }

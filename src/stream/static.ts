@@ -1,6 +1,7 @@
 /** Serves the bundled dashboard (dist/dashboard) at / — no CDN, everything from svctrace itself. */
 import fs from 'node:fs';
 import path from 'node:path';
+import { pipeline } from 'node:stream';
 import type http from 'node:http';
 
 export const DASHBOARD_DIR = path.resolve(__dirname, '..', '..', 'dashboard');
@@ -36,7 +37,9 @@ export function dashboardHandler(dir = DASHBOARD_DIR): (req: http.IncomingMessag
       'x-content-type-options': 'nosniff',
     });
     if (req.method === 'HEAD') res.end();
-    else fs.createReadStream(file).pipe(res);
+    // A file gone or unreadable since it was found (a rebuild while serving)
+    // ends this response, not the server; a client gone closes the file.
+    else pipeline(fs.createReadStream(file), res, () => undefined);
     return true;
   };
 }

@@ -314,6 +314,11 @@ export class Tracer {
     const report = onError ?? ((e: unknown) => process.stderr.write(`svctrace: ${String(e)}\n`));
     try {
       this.n.traceRules(path, (buf) => {
+        // Flushed by the close, after it: no flow model takes them now. Counted as lost at shutdown, like the ring's.
+        if (!this.native) {
+          if (this.lastStats) this.lastStats.listenerLostAtClose += Math.ceil(buf.byteLength / NFTRACE.size);
+          return;
+        }
         // A batch that fails is lost whole, and counted like the ring's
         // (undecodable, internal_error), never only reported.
         let traces: RuleTrace[];

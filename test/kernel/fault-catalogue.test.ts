@@ -181,9 +181,13 @@ for (const mode of MODES) {
         const expected = fault.expect(vars, mode);
         const said: Partial<Record<FaultTool, Said[]>> = {};
         let observed = '';
+        let probedBackends = '';
         let trace: ReturnType<typeof traceCli> | undefined;
         try {
-          said.probe = (await explain({ target, netns: lab.nodeNetns, probe: true })).flatMap((e) => e.diagnoses);
+          const probed = await explain({ target, netns: lab.nodeNetns, probe: true });
+          said.probe = probed.flatMap((e) => e.diagnoses);
+          // What the probe found per backend goes with any failure (its outcome, the neighbour, who holds the address).
+          probedBackends = JSON.stringify(probed.map((e) => ({ target: e.target, backends: e.backends.map((b) => ({ at: `${b.ip}:${b.port}`, probe: b.probe, neighbour: b.neighbour.state, holder: b.holder, route: b.route.ok ? 'ok' : b.route.error })) })));
           const linksBefore = netfilterLinks().length;
           trace = traceCli(lab.nodeNetns, target);
           assert.ok(await trace.started, 'trace started');
@@ -221,7 +225,7 @@ for (const mode of MODES) {
         assert.deepEqual(
           bad.map((t) => `${t}: ${cells[t].text}`),
           [],
-          `${fault.id} (${mode}): what each tool said: ${JSON.stringify(said, (k, v) => (k === 'evidence' ? undefined : v))}; explain --watch observed: ${observed}`,
+          `${fault.id} (${mode}): what each tool said: ${JSON.stringify(said, (k, v) => (k === 'evidence' ? undefined : v))}; explain --probe found: ${probedBackends}; explain --watch observed: ${observed}`,
         );
       }, { timeout: 180_000 });
     }

@@ -94,6 +94,19 @@ describe('waitForStop', () => {
     assert.equal(process.listenerCount('SIGHUP'), before + 1);
     process.emit('SIGHUP', 'SIGHUP');
     assert.equal(await stopped, 'signal');
+    // Its own handlers are gone; while the command stops, the next signal is
+    // answered (a message), not obeyed, once: one handler per signal, then none.
+    assert.equal(process.listenerCount('SIGHUP'), before + 1);
+    assert.equal(process.listenerCount('SIGINT'), intBefore + 1);
+    const write = process.stderr.write;
+    let said = '';
+    process.stderr.write = ((s: string) => ((said += s), true)) as typeof process.stderr.write;
+    try {
+      process.emit('SIGINT', 'SIGINT');
+    } finally {
+      process.stderr.write = write;
+    }
+    assert.match(said, /stopping: writing what is left/);
     assert.equal(process.listenerCount('SIGHUP'), before);
     assert.equal(process.listenerCount('SIGINT'), intBefore);
   });

@@ -16,6 +16,7 @@ import { ChunkType, ChunkWriter, CHUNK_HEADER_BYTES, HASH_BYTES, MAGIC } from '.
 import { readRecording } from '../../src/record/reader';
 import { O_TMPFILE, openRecordingInput } from '../../src/record/spool';
 import { replay } from '../../src/record/replay';
+import { exportJson } from '../../src/record/export';
 import { keyId, signChainHead } from '../../src/record/signing';
 import { svctrace } from '../../src/gen/svctrace';
 import { makeEvent } from '../helpers/stream';
@@ -60,6 +61,26 @@ describe('recordings', () => {
   let offsets: number[] = [];
   before(() => {
     offsets = makeRecording(good);
+  });
+
+  it('the file is closed however reading ends: a callback that throws, a replay stopped early, an export whose reader left', async () => {
+    const fds = () => fs.readdirSync('/proc/self/fd').length;
+    const before = fds();
+    assert.throws(() => readRecording(good, () => {
+      throw new Error('disk full');
+    }), /disk full/);
+    assert.equal(fds(), before, 'readRecording: a throwing callback leaves no file open');
+    let delivered = 0;
+    await replay(good, 'max', (e) => void (delivered += e.length), () => delivered > 0);
+    assert.equal(delivered, 10, 'replay stopped after the first slice');
+    assert.equal(fds(), before, 'replay stopped early leaves no file open');
+    const lines: string[] = [];
+    let waited = 0;
+    const rec = await exportJson(good, (l) => void lines.push(l), () => (waited++, Promise.resolve()), () => lines.length > 5);
+    assert.equal(waited, 1, 'the output was waited for after the first slice');
+    assert.equal(lines.length, 12, 'header, snapshot and one slice of 10, then stopped');
+    assert.ok(rec.header, 'what was read so far is returned');
+    assert.equal(fds(), before, 'export stopped early leaves no file open');
   });
 
   it('an event whose encoding fails mid-way leaves nothing of itself: the batch\'s others are recorded, the file reads', () => {
@@ -246,7 +267,7 @@ describe('recordings', () => {
     assert.equal(rec.eventCount, 30);
     assert.equal(rec.trailer?.reason, 'duration');
     const got: pb.Event[] = [];
-    await replay(good, 'max', (e) => got.push(...e));
+    await replay(good, 'max', (e) => void got.push(...e));
     assert.deepEqual(got.map((e) => Number(e.flowId)), Array.from({ length: 30 }, (_, i) => i));
     const v = verifyCli(good);
     assert.equal(v.status, 0);
@@ -396,7 +417,7 @@ const i = openRecordingInput('/dev/stdin', ${JSON.stringify(dir)}); process.stdo
     const cut = offsets[4]! + 30;
     fs.writeFileSync(file, buf.subarray(0, cut));
     const got: pb.Event[] = [];
-    const rec = await replay(file, 'max', (e) => got.push(...e));
+    const rec = await replay(file, 'max', (e) => void got.push(...e));
     assert.equal(got.length, 20);
     const p = rec.problems.find((x) => x.kind === 'truncated');
     assert.ok(p);

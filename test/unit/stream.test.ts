@@ -8,6 +8,8 @@ import http from 'node:http';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import net from 'node:net';
+import path from 'node:path';
+import { spawn } from 'node:child_process';
 import WebSocket from 'ws';
 import { EventEmitter } from 'node:events';
 import { Hub } from '../../src/stream/hub';
@@ -247,6 +249,62 @@ describe('stream server', () => {
     assert.equal((await get(`${base}/nope`)).status, 404);
   });
 
+  it('a client turned away (the server is full) that sends a bad frame before the close is dropped; the server lives on', async () => {
+    const full = await StreamServer.start(syntheticSource(), { listen: '127.0.0.1:0', limits: { maxClients: 1 } });
+    const uncaught: unknown[] = [];
+    const onUncaught = (e: unknown) => uncaught.push(e);
+    process.on('uncaughtException', onUncaught);
+    try {
+      const first = new RawClient(full.url());
+      await first.opened;
+      const port = Number(new URL(full.url()).port);
+      const sock = net.connect(port, '127.0.0.1');
+      let got = '';
+      sock.on('data', (d) => (got += d.toString('latin1')));
+      sock.on('error', () => undefined);
+      const closed = new Promise((r) => sock.on('close', r));
+      await new Promise((r) => sock.once('connect', r));
+      sock.write(
+        `GET /v1/events HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n` +
+          `Sec-WebSocket-Key: ${crypto.randomBytes(16).toString('base64')}\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: svctrace.v1\r\n\r\n`,
+      );
+      assert.ok(await waitFor(() => got.includes('101 Switching Protocols'), 3000), `upgrade answered: ${JSON.stringify(got.slice(0, 80))}`);
+      // An unmasked frame: a client must mask, the server's parser fails on it.
+      sock.write(Buffer.from([0x82, 0x01, 0x00]));
+      await Promise.race([closed, new Promise((r) => setTimeout(r, 3000))]);
+      await new Promise((r) => setTimeout(r, 50));
+      assert.deepEqual(uncaught.map(String), [], 'no uncaught error in the server');
+      assert.equal(full.hub.clientCount, 1);
+      assert.equal((await get(`http://127.0.0.1:${port}/healthz`)).status, 200);
+      first.ws.close();
+      sock.destroy();
+    } finally {
+      process.off('uncaughtException', onUncaught);
+      await full.close();
+    }
+  });
+
+  it('watch --duration: the server closing ends it at once, with its reason and exit 7 (STREAM), not at the duration', async () => {
+    const srv = await StreamServer.start(syntheticSource(), { listen: '127.0.0.1:0' });
+    const cli = path.resolve(__dirname, '..', '..', '..', 'bin', 'svctrace.js');
+    const w = spawn(process.execPath, [cli, 'watch', srv.url(), '--duration', '60'], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let err = '';
+    w.stderr!.on('data', (d) => (err += d));
+    w.stdout!.resume();
+    const exited = new Promise<number | null>((r) => w.on('exit', (code) => r(code)));
+    try {
+      assert.ok(await waitFor(() => err.includes('connected to'), 10_000), `watch connected: ${err}`);
+      const closedAt = Date.now();
+      await srv.close();
+      const code = await Promise.race([exited, new Promise<'running'>((r) => setTimeout(() => r('running'), 10_000))]);
+      assert.equal(code, 7, `watch ended with STREAM after the server closed: ${err}`);
+      assert.ok(Date.now() - closedAt < 10_000);
+      assert.match(err, /server closed the stream/);
+    } finally {
+      if (w.exitCode === null) w.kill('SIGKILL');
+    }
+  });
+
   it('DNS rebinding: a request whose Host is a foreign name is refused, addresses and localhost are not', async () => {
     const port = new URL(url).port;
     const base = `http://127.0.0.1:${port}`;
@@ -367,6 +425,7 @@ describe('hub: a client reading too slowly for control frames', () => {
       bufferedAmount: 0,
       send: (b: Uint8Array) => void got.push(pb.ServerMessage.decode(b)),
       close: () => undefined,
+      terminate: () => undefined,
     });
     try {
       const c = hub.add(ws as unknown as WebSocket, 'test');

@@ -1,7 +1,7 @@
 /** record, verify, replay, export, inspect: the evidence commands. */
 import { Command } from 'commander';
 import { SvctraceError } from '../../errors';
-import { stdoutClosed, waitForStop } from '../../pipeline/lifecycle';
+import { stdoutClosed, stdoutRoom, waitForStop } from '../../pipeline/lifecycle';
 import { record } from '../../record/recorder';
 import { chainHeadSignatureOk, keyId, readSigningKey, readVerifyKey } from '../../record/signing';
 import { readRecording, Recording } from '../../record/reader';
@@ -204,7 +204,9 @@ async function replayFile(file: string, readable: string, speed: Speed, opts: Re
       readable,
       speed,
       (events) => {
-        if (!stdoutClosed()) process.stdout.write(events.map((e) => (opts.output === 'json' ? eventToJson(e) : terminalSafeLine(eventLine(e)))).join('\n') + '\n');
+        if (stdoutClosed()) return undefined;
+        process.stdout.write(events.map((e) => (opts.output === 'json' ? eventToJson(e) : terminalSafeLine(eventLine(e)))).join('\n') + '\n');
+        return stdoutRoom();
       },
       stdoutClosed,
     );
@@ -235,7 +237,7 @@ interface ExportOptions {
 }
 
 /** export's work, once the outputs are checked: `readable` is the file to read, `file` the name the user gave. */
-function exportFile(file: string, readable: string, opts: ExportOptions): void {
+async function exportFile(file: string, readable: string, opts: ExportOptions): Promise<void> {
   if (opts.pcapng) {
     const r = exportPcapng(readable, opts.pcapng, file);
     reportProblems(r.recording);
@@ -246,7 +248,12 @@ function exportFile(file: string, readable: string, opts: ExportOptions): void {
     const fd = out ? openOutput(out) : undefined;
     let rec;
     try {
-      rec = exportJson(readable, (line) => (fd !== undefined ? writeAll(fd, out!, Buffer.from(line + '\n')) : stdoutClosed() || process.stdout.write(line + '\n')));
+      rec = await exportJson(
+        readable,
+        (line) => (fd !== undefined ? writeAll(fd, out!, Buffer.from(line + '\n')) : stdoutClosed() || process.stdout.write(line + '\n')),
+        () => (fd === undefined ? stdoutRoom() : undefined),
+        () => fd === undefined && stdoutClosed(),
+      );
     } finally {
       if (fd !== undefined) fs.closeSync(fd);
     }

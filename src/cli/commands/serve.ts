@@ -75,7 +75,8 @@ export function registerServe(program: Command): void {
       conntrack.stop();
       const { summary, stats, losses } = await pipeline.stop();
       memory.stop();
-      process.stderr.write(formatSummary(summary, stats, pipeline.backendName, losses) + '\n' + `  ${memory.describe()}\n`);
+      // The stream closed with the pipeline: what its clients missed, the events still queued at the end included, is final now.
+      process.stderr.write(formatSummary(summary, stats, pipeline.backendName, { ...losses, client_queues: server!.hub.clientsDropped() }) + '\n' + `  ${memory.describe()}\n`);
       pipeline.throwIfNetnsGone();
     });
 }

@@ -3,7 +3,7 @@ import { SvctraceError } from '../../errors';
 import { connect } from '../../client/node';
 import { eventToJson } from '../../flows/to-proto';
 import { DEFAULT_LISTEN, EVENTS_PATH } from '../../stream/server';
-import { waitForStop } from '../../pipeline/lifecycle';
+import { stdoutRoom, waitForStop } from '../../pipeline/lifecycle';
 import { eventLine } from '../../output/event-line';
 import { collect, parseDuration, readToken } from '../options';
 import { terminalSafeLine } from '../../output/terminal-safe';
@@ -53,9 +53,16 @@ export function registerWatch(program: Command): void {
       const token = readToken(opts);
       let closedBy: string | undefined;
       let userClosed = false;
+      // The server's close ends the watch at once (a --duration's timer is not waited out).
+      const serverGone = new AbortController();
+      // stdout's reader behind (`| less`): the stream is not read until stdout
+      // drained; the server queues for this client, then drops (counted in
+      // its Status) or closes it as too slow. Memory here stays bounded.
+      let heldForStdout = false;
+      let client: Awaited<ReturnType<typeof connect>> | undefined;
       const done = new Promise<void>((resolve) => {
         void (async () => {
-          const client = await connect(
+          client = await connect(
             { url, token, filter },
             {
               events: (events) => {
@@ -63,11 +70,22 @@ export function registerWatch(program: Command): void {
                   opts.output === 'json' ? eventToJson(e) : terminalSafeLine(eventLine(e)),
                 );
                 if (lines.length) process.stdout.write(lines.join('\n') + '\n');
+                // (Before connect() resolves there is no client to hold yet: a few batches.)
+                if (!client || heldForStdout) return;
+                const room = stdoutRoom();
+                if (room && client.holdReading()) {
+                  heldForStdout = true;
+                  void room.then(() => {
+                    heldForStdout = false;
+                    client?.releaseReading();
+                  });
+                }
               },
               error: (e) => process.stderr.write(`svctrace: server says ${terminalSafeLine(`${e.code}: ${e.message}`)}\n`),
               diagnosis: (d) => process.stdout.write(terminalSafeLine(`[diagnosis]${d.node ? ` [${d.node}]` : ''} [${(d.severity ?? '').toUpperCase()}] ${d.code}${d.layer ? ` (${d.layer})` : ''} ${d.service}${d.object ? ` ${d.object}` : ''}: ${d.summary}`) + '\n'),
               close: (code, reason) => {
                 if (!userClosed) closedBy = terminalSafeLine(`server closed the stream (${code}${reason ? `: ${reason}` : ''})`);
+                serverGone.abort();
                 resolve();
               },
             },
@@ -81,7 +99,7 @@ export function registerWatch(program: Command): void {
           process.stderr.write(
             terminalSafeLine(`svctrace: connected to ${nodes.length ? `relay ${client.hello?.node ?? '?'} (nodes: ${nodes.map((n) => `${n.node || n.url} ${n.state}`).join(', ')})` : (client.hello?.node ?? '?')} (svctrace ${client.hello?.serverVersion}${client.hello?.attachBackend ? `, backend ${client.hello.attachBackend.split(':')[0]}` : ''}), tracing ${(client.hello?.services ?? []).join(', ')}`) + '\n',
           );
-          await waitForStop(duration);
+          await waitForStop(duration, serverGone.signal);
           userClosed = true;
           client.close();
           resolve();
