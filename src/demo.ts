@@ -11,6 +11,7 @@ import { runIn } from './lab/exec';
 import { parseNodePortSpec, parseServiceSpec } from './net/ipv4';
 import { diagnosisLine, formatSummary } from './output/flow-text';
 import { Pipeline } from './pipeline/pipeline';
+import { waitForStop } from './pipeline/lifecycle';
 import { textTimelineSink } from './pipeline/sinks/text';
 import { liveDiagnoserSink } from './pipeline/sinks/diagnoser';
 
@@ -20,14 +21,29 @@ function sleep(ms: number): Promise<void> {
 
 export async function runDemo(opts: { requests: number; out?: NodeJS.WritableStream; color?: boolean }): Promise<void> {
   const out = opts.out ?? process.stdout;
-  const say = (s: string) => out.write(s + '\n');
+  const say = (s: string): void => void out.write(s + '\n');
   if (!Number.isInteger(opts.requests) || opts.requests < 1 || opts.requests > 1000) {
     throw new SvctraceError('BAD_INPUT', '--requests must be 1..1000');
   }
+  // Ctrl-C (kill, a closed terminal) ends the demo at its next step and
+  // tears the lab down: the signal's default action left every namespace
+  // of it behind. Signals while the lab is built are held by this too.
+  const demoDone = new AbortController();
+  let interrupted = false;
+  void waitForStop(undefined, demoDone.signal).then((why) => {
+    if (why === 'signal') interrupted = true;
+  });
   say('svctrace demo: building the lab (network namespaces only)...');
-  const lab = await Lab.up({ remoteNode: true });
+  let lab: Lab;
+  try {
+    lab = await Lab.up({ remoteNode: true });
+  } catch (e) {
+    demoDone.abort();
+    throw e;
+  }
   let pipeline: Pipeline | undefined;
   try {
+    if (interrupted) return say('interrupted: tearing the lab down');
     const web = lab.service('web');
     const dns = lab.service('kube-dns');
     const empty = lab.service('empty');
@@ -55,19 +71,24 @@ export async function runDemo(opts: { requests: number; out?: NodeJS.WritableStr
     );
 
     for (let i = 0; i < opts.requests; i++) {
+      if (interrupted) return say('interrupted: tearing the lab down');
       const r = await lab.curl(`http://${web.clusterIP}:${web.port}/`);
       say(`$ curl ${web.clusterIP}:${web.port}  (from the node) -> ${r.ok ? r.body.trim() : `failed: ${r.stderr.trim()}`}`);
       await sleep(50);
     }
+    if (interrupted) return say('interrupted: tearing the lab down');
     const np = await lab.curl(`http://${lab.nodeIPForClient()}:${web.nodePort}/`, 'client');
     say(`$ curl ${lab.nodeIPForClient()}:${web.nodePort}  (NodePort, from the client) -> ${np.ok ? np.body.trim() : `failed: ${np.stderr.trim()}`}`);
     await sleep(50);
+    if (interrupted) return say('interrupted: tearing the lab down');
     const rr = await lab.curl(`http://${remote.clusterIP}:${remote.port}/`);
     say(`$ curl ${remote.clusterIP}  (backend on the second node, over VXLAN) -> ${rr.ok ? rr.body.trim() : `failed: ${rr.stderr.trim()}`}`);
     await sleep(50);
+    if (interrupted) return say('interrupted: tearing the lab down');
     const udp = await runIn(lab.nodeNetns, [process.execPath, '-e', UDP_QUERY, dns.clusterIP, String(dns.port)], { allowFail: true });
     say(`$ udp query ${dns.clusterIP}:53 -> ${udp.stdout.trim() || udp.stderr.trim()}`);
     await sleep(50);
+    if (interrupted) return say('interrupted: tearing the lab down');
     const e = await lab.curl(`http://${empty.clusterIP}:${empty.port}/`);
     say(`$ curl ${empty.clusterIP}  (no endpoints) -> ${e.ok ? e.body.trim() : `failed: ${e.stderr.trim()}`}`);
     // Conntrack reaps expired entries lazily; the lab asks it to now so the
@@ -75,6 +96,7 @@ export async function runDemo(opts: { requests: number; out?: NodeJS.WritableStr
     await sleep(2500);
     await lab.reapConntrack();
     await sleep(300);
+    if (interrupted) return say('interrupted: tearing the lab down');
     const { summary, stats, losses } = await pipeline.stop();
     say('');
     say(formatSummary(summary, stats, pipeline.backendName, losses));
@@ -83,6 +105,7 @@ export async function runDemo(opts: { requests: number; out?: NodeJS.WritableStr
     await pipeline?.stop();
     await lab.down();
     say(`lab torn down (${lab.leftovers().length} namespaces left)`);
+    demoDone.abort();
   }
 }
 

@@ -24,6 +24,8 @@ export interface WebSocketLike {
   /** Node's `ws`: stops reading the socket (TCP backpressure) and starts again; a browser's WebSocket has no such thing. */
   pause?(): void;
   resume?(): void;
+  /** Node's `ws`: drops the connection at once, with no closing handshake (a dead peer never answers one). */
+  terminate?(): void;
 }
 export type WebSocketCtor = new (url: string, protocols?: string[]) => WebSocketLike;
 
@@ -34,7 +36,24 @@ export interface ClientOptions {
   /** Also receive flow updates. */
   flows?: boolean;
   WebSocket?: WebSocketCtor;
+  /**
+   * No Hello this long after connecting: the attempt fails (TIMEOUT). A
+   * server that is down but whose address still takes packets (or drops
+   * them) is otherwise waited on for as long as TCP retries.
+   */
+  connectTimeoutMs?: number;
+  /**
+   * No message this long once connected (a server sends Status every
+   * second): the connection is taken as dead and closed, and `close` says
+   * why (code SILENT_CLOSE). A peer that vanished without a FIN or RST
+   * (powered off, partitioned) otherwise leaves the socket open for ever.
+   * Not counted while reading is held (holdReading).
+   */
+  silenceLimitMs?: number;
 }
+
+/** The close code `close` reports when the client gave up on a silent server (silenceLimitMs); not a code the server sends. */
+export const SILENT_CLOSE = 4900;
 
 export interface ClientHandlers {
   /** The server's Hello, before any other message (also before connect resolves). */
@@ -80,6 +99,11 @@ export class SvctraceClient {
   private handlers: ClientHandlers = {};
   private readonly pongs = new Map<string, () => void>();
   private nextNonce = 1;
+  private lastMessageAt = Date.now();
+  /** Reading held (holdReading): silence is this side's doing, not the server's. */
+  private holding = false;
+  private silenceTimer?: ReturnType<typeof setInterval>;
+  private endReported = false;
 
   private constructor(private readonly ws: WebSocketLike) {}
 
@@ -94,20 +118,32 @@ export class SvctraceClient {
     client.handlers = handlers;
     return new Promise((resolve, reject) => {
       let settled = false;
-      ws.onerror = () => {
-        if (!settled) {
-          settled = true;
-          reject(new ClientError(`cannot connect to ${opts.url}`, 'CONNECT'));
-        }
+      const fail = (e: ClientError): void => {
+        if (settled) return;
+        settled = true;
+        clearTimeout(connectTimer);
+        reject(e);
+      };
+      const connectTimer = opts.connectTimeoutMs
+        ? unrefTimer(
+            setTimeout(() => {
+              fail(new ClientError(`no answer from ${opts.url} within ${seconds(opts.connectTimeoutMs!)}`, 'TIMEOUT'));
+              client.drop();
+            }, opts.connectTimeoutMs),
+          )
+        : undefined;
+      ws.onerror = (ev) => {
+        // ws's error event names the cause (ECONNREFUSED, a TLS failure); a browser's says nothing.
+        const why = (ev as { message?: unknown } | null)?.message;
+        fail(new ClientError(`cannot connect to ${opts.url}${typeof why === 'string' && why ? `: ${why}` : ''}`, 'CONNECT'));
       };
       ws.onclose = (ev) => {
-        if (!settled) {
-          settled = true;
-          reject(new ClientError(`connection to ${opts.url} closed (${ev.code}${ev.reason ? `: ${ev.reason}` : ''})`, 'CLOSED'));
-        }
-        client.handlers.close?.(ev.code, ev.reason);
+        fail(new ClientError(`connection to ${opts.url} closed (${ev.code}${ev.reason ? `: ${ev.reason}` : ''})`, 'CLOSED'));
+        // A connection that never said hello ends in connect's rejection alone.
+        if (client.hello) client.ended(ev.code, ev.reason);
       };
       ws.onmessage = (ev) => {
+        client.lastMessageAt = Date.now();
         const bytes = toBytes(ev.data);
         if (!bytes) return;
         let msg: pb.ServerMessage;
@@ -120,6 +156,8 @@ export class SvctraceClient {
         if (msg.body === 'hello' && !settled) {
           client.hello = msg.hello!;
           settled = true;
+          clearTimeout(connectTimer);
+          if (opts.silenceLimitMs) client.watchSilence(opts.silenceLimitMs);
           client.handlers.hello?.(client.hello);
           if (opts.filter || opts.flows) {
             // Resolve once the server applied the filter.
@@ -133,6 +171,34 @@ export class SvctraceClient {
         client.dispatch(msg);
       };
     });
+  }
+
+  /** Closes when no message came for limitMs (reading held aside). */
+  private watchSilence(limitMs: number): void {
+    this.silenceTimer = unrefTimer(
+      setInterval(
+        () => {
+          if (this.holding || Date.now() - this.lastMessageAt <= limitMs) return;
+          this.ended(SILENT_CLOSE, `no message from the server for ${seconds(limitMs)}: connection presumed dead`);
+          this.drop();
+        },
+        Math.min(1000, Math.max(10, limitMs / 4)),
+      ),
+    );
+  }
+
+  /** The connection ended (the socket's close, or silence): stops the watch and tells the handler once. */
+  private ended(code: number, reason: string): void {
+    if (this.endReported) return;
+    this.endReported = true;
+    clearInterval(this.silenceTimer);
+    this.handlers.close?.(code, reason);
+  }
+
+  /** Lets go of the socket without a closing handshake where it can (a dead peer never answers one). */
+  private drop(): void {
+    if (this.ws.terminate) this.ws.terminate();
+    else this.ws.close();
   }
 
   /** Replaces the handlers (e.g. after connect resolved). */
@@ -196,10 +262,13 @@ export class SvctraceClient {
   holdReading(): boolean {
     if (!this.ws.pause) return false;
     this.ws.pause();
+    this.holding = true;
     return true;
   }
 
   releaseReading(): void {
+    this.holding = false;
+    this.lastMessageAt = Date.now();
     this.ws.resume?.();
   }
 
@@ -227,6 +296,17 @@ export class SvctraceClient {
   }
 
   close(): void {
+    clearInterval(this.silenceTimer);
     this.ws.close(1000, 'bye');
   }
+}
+
+/** Node's timers hold the process open; a browser's are numbers. */
+function unrefTimer<T>(t: T): T {
+  (t as { unref?: () => void }).unref?.();
+  return t;
+}
+
+function seconds(ms: number): string {
+  return `${ms % 1000 ? (ms / 1000).toFixed(1) : ms / 1000} s`;
 }

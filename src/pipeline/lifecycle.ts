@@ -1,4 +1,5 @@
 /** How a long-running command ends: a deadline, a signal, or its own reason. */
+import os from 'node:os';
 
 /** The signals that end a command: Ctrl-C, `kill`, and a closed terminal. */
 const STOP_SIGNALS: NodeJS.Signals[] = ['SIGINT', 'SIGTERM', 'SIGHUP'];
@@ -74,8 +75,54 @@ function stoppingOnSignal(): void {
   for (const s of STOP_SIGNALS) process.on(s, again);
 }
 
+/** A stop signal came while deferStopSignals held them: the next waitForStop returns at once. */
+let stopAskedEarly = false;
+/** waitForStop calls waiting now: they answer signals themselves. */
+let waiting = 0;
+/** deferStopSignals' handlers, while they are installed: their removal. */
+let releaseDeferred: (() => void) | undefined;
+
 /**
- * Resolves after `seconds`, on SIGINT/SIGTERM/SIGHUP, when stdout's reader
+ * Holds the stop signals while a command starts (discovery, a recording's
+ * snapshot, attaching): the first is answered with `message` and the next
+ * waitForStop returns at once, so what startup opened ends the usual way (a
+ * recording gets its trailer) where the signal's default action killed the
+ * process and left a file with only its header. Another signal quits at
+ * once (a startup stuck on an unanswering API must stay stoppable).
+ * waitForStop takes over from it; the returned release lets go otherwise
+ * (startup failed, or the command stops without waiting). Nothing while a
+ * waitForStop is waiting: it answers signals already.
+ */
+export function deferStopSignals(message: string): () => void {
+  if (waiting > 0) return () => undefined;
+  if (releaseDeferred) return releaseDeferred;
+  const onSignal = (signal: NodeJS.Signals) => {
+    if (!stopAskedEarly) {
+      stopAskedEarly = true;
+      process.stderr.write(`svctrace: ${message}; ${signal === 'SIGINT' ? 'Ctrl-C' : signal} again quits at once\n`);
+      return;
+    }
+    process.exit(128 + (os.constants.signals[signal] ?? 2));
+  };
+  for (const s of STOP_SIGNALS) process.on(s, onSignal);
+  const release = () => {
+    if (releaseDeferred !== release) return;
+    releaseDeferred = undefined;
+    for (const s of STOP_SIGNALS) process.off(s, onSignal);
+  };
+  releaseDeferred = release;
+  return release;
+}
+
+/** Lets go of deferStopSignals' handlers and what they noted: a command that stops without waitForStop. */
+export function releaseDeferredSignals(): void {
+  releaseDeferred?.();
+  stopAskedEarly = false;
+}
+
+/**
+ * Resolves after `seconds`, on SIGINT/SIGTERM/SIGHUP (also one that came
+ * while deferStopSignals held them), when stdout's reader
  * is gone (see watchStdout), or when `abort` fires,
  * whichever comes first; it always removes its signal handlers.
  */
@@ -89,6 +136,7 @@ export function waitForStop(seconds: number | undefined, abort?: AbortSignal): P
     const onAbort = () => finish('aborted');
     const onStdoutGone = () => finish('signal');
     const finish = (why: 'timeout' | 'signal' | 'aborted') => {
+      waiting--;
       if (timer) clearTimeout(timer);
       for (const s of STOP_SIGNALS) process.off(s, onSignal);
       abort?.removeEventListener('abort', onAbort);
@@ -96,6 +144,12 @@ export function waitForStop(seconds: number | undefined, abort?: AbortSignal): P
       resolve(why);
     };
     for (const s of STOP_SIGNALS) process.on(s, onSignal);
+    waiting++;
+    releaseDeferred?.(); // this one answers signals now
+    if (stopAskedEarly) {
+      stopAskedEarly = false;
+      return onSignal();
+    }
     if (abort?.aborted) return finish('aborted');
     if (stdoutGone.signal.aborted) return finish('signal');
     abort?.addEventListener('abort', onAbort);

@@ -13,6 +13,7 @@
  * the hooks attached and events delivered. stop: the kernel source stops,
  * in-flight batches land, the sinks close in order, the API watch stops.
  */
+import { deferStopSignals, releaseDeferredSignals } from './lifecycle';
 import fs from 'node:fs';
 import { SvctraceError } from '../errors';
 import { loadBinding, type LoadedProgram } from '../native/binding';
@@ -173,6 +174,20 @@ export class Pipeline {
 
   static async start(opts: PipelineOptions, makeSinks: MakeSinks = () => []): Promise<Pipeline> {
     if (opts.services.length === 0) throw new SvctraceError('BAD_INPUT', 'give at least one --service IP:port or --nodeport PORT');
+    // Ctrl-C while starting stops the command once it has started, cleanly:
+    // its default action killed the process with a marker table left in the
+    // node's namespace and a recording holding only its header. The
+    // command's waitForStop takes the signal over (stop() lets go otherwise).
+    const releaseSignals = deferStopSignals('stopping once tracing has started, so that it ends cleanly');
+    try {
+      return await Pipeline.startNow(opts, makeSinks);
+    } catch (e) {
+      releaseSignals();
+      throw e;
+    }
+  }
+
+  private static async startNow(opts: PipelineOptions, makeSinks: MakeSinks): Promise<Pipeline> {
     const warn = opts.onWarning ?? (() => undefined);
     const netns = (opts.netns?.length ? opts.netns : [CURRENT_NETNS]).map(resolveNetns);
     const discovery = opts.discovery ?? (await discover(netns[0]));
@@ -433,6 +448,7 @@ export class Pipeline {
   }
 
   private async stopNow(): Promise<PipelineResult> {
+    releaseDeferredSignals(); // stopped without a waitForStop (the demo, tests): signals are not held
     clearInterval(this.expiryTimer);
     clearInterval(this.sweepTimer);
     clearInterval(this.memoryTimer);

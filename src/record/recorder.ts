@@ -139,6 +139,7 @@ export async function record(opts: RecordOptions): Promise<pb.IRecordingTrailer>
   const started = Date.now();
   const progressTimer = setInterval(() => opts.onProgress?.({ events: sink.events, bytes: sink.bytes, elapsedS: (Date.now() - started) / 1000 }), 1000);
   try {
+    // (A Ctrl-C while the pipeline started returns at once: the recording still gets its trailer.)
     const why = await waitForStop(opts.durationS, AbortSignal.any([endEarly.signal, pipeline.allNetnsGone]));
     if (pipeline.allNetnsGone.aborted) stopReason ??= 'netns-deleted';
     stopReason ??= why === 'timeout' ? 'duration' : 'signal';

@@ -22,6 +22,16 @@ export interface AgentLinkOptions {
   /** Reconnect delays: from minBackoffMs, doubling up to maxBackoffMs. */
   minBackoffMs?: number;
   maxBackoffMs?: number;
+  /** No Hello this long after connecting: down, and retried (default 10 s). */
+  connectTimeoutMs?: number;
+  /**
+   * No message this long (Status comes every second): the connection is
+   * taken as dead, closed, and retried (default 20 s, beyond the 15 s after
+   * which a node server closes a relay that reads too slowly). A node that
+   * vanished without closing (powered off, partitioned) was otherwise
+   * "lagging" for ever.
+   */
+  silenceLimitMs?: number;
 }
 
 export interface AgentLinkSinks {
@@ -145,7 +155,16 @@ export class AgentLink {
       },
     };
     try {
-      const client = await SvctraceClient.connect({ url: this.opts.url, token: this.opts.token, WebSocket: this.WebSocketImpl }, handlers);
+      const client = await SvctraceClient.connect(
+        {
+          url: this.opts.url,
+          token: this.opts.token,
+          WebSocket: this.WebSocketImpl,
+          connectTimeoutMs: this.opts.connectTimeoutMs ?? 10_000,
+          silenceLimitMs: this.opts.silenceLimitMs ?? 20_000,
+        },
+        handlers,
+      );
       if (this.stopped) return client.close();
       this.client = client;
       this.node = client.hello?.node || this.node;

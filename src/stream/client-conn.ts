@@ -57,6 +57,8 @@ export class ClientConn {
     private readonly hooks: {
       onClose: (c: ClientConn) => void;
       onSubscribe?: (c: ClientConn) => void;
+      /** The client's Status frame now: sent last before the server closes it, with its final counts. */
+      statusFrame?: (c: ClientConn) => Uint8Array;
       /** The server's node: a filter on nodes matches its events (which leave Event.node unset) by it. */
       localNode: string;
     },
@@ -256,6 +258,20 @@ export class ClientConn {
   /** Sends a fatal error then closes; for a stuck socket the close frame may never arrive, so terminate. */
   closeWith(code: number, errCode: string, reason: string): void {
     if (this.closed) return;
+    // What it took and will never be handed to the socket is missed: counted
+    // now, and told in a last Status (a relay adds it to what the node lost
+    // for it; the Status skipped above the high-water mark left it stale).
+    // What the send buffer holds comes before that Status: a client that
+    // reads it has read them. (finish() counts them as missed too, for this
+    // server's totals: a client cut off reads none of them.)
+    for (const f of this.queue) this.dropped += f.events;
+    this.dropped += this.pendingEvents;
+    this.queue = [];
+    this.queueBytes = 0;
+    this.pending = [];
+    this.pendingEvents = 0;
+    const status = this.hooks.statusFrame?.(this);
+    if (status) this.sendControl(status, true);
     this.sendControl(errorFrame(errCode, reason, true), true);
     // The close frame goes into the send buffer too (status code and reason).
     if (this.ws.readyState === WebSocket.OPEN) this.wireBytes += wireLength(2 + Buffer.byteLength(reason.slice(0, 120)));

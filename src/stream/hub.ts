@@ -98,6 +98,7 @@ export class Hub {
         subscriptionsChanged();
       },
       onSubscribe: subscriptionsChanged,
+      statusFrame: (x) => serverFrame({ status: this.statusFor(x) }),
       localNode: this.node,
     });
     this.clients.add(c);

@@ -79,4 +79,26 @@ describe('svctrace demo (kernel)', () => {
     assert.match(out, /lab torn down \(0 namespaces left\)/);
     assert.deepEqual(netnsList().filter((n) => n.startsWith(`${nodeNs}-`)), []);
   }, { timeout: 180_000 });
+
+  kernelTest('Ctrl-C in the middle: it stops at its next step and tears the lab down (the default action left it all behind)', async () => {
+    const child = spawn(process.execPath, [CLI, 'demo', '--requests', '1000'], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    let err = '';
+    child.stdout!.on('data', (d) => (out += d));
+    child.stderr!.on('data', (d) => (err += d));
+    const killer = setTimeout(() => child.kill('SIGKILL'), 120_000);
+    const deadline = Date.now() + 60_000;
+    while (!/^\$ curl /m.test(out) && child.exitCode === null && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+    assert.match(out, /^\$ curl /m, `the demo never sent a request: ${err}\n${out}`);
+    child.kill('SIGINT');
+    const code = await ended(child);
+    clearTimeout(killer);
+    assert.equal(code, 0, `${err}\n${out}`);
+    assert.match(out, /^interrupted: tearing the lab down$/m);
+    assert.ok((out.match(/^\$ curl /gm) ?? []).length < 1000, 'stopped, not run to its end');
+    assert.match(out, /lab torn down \(0 namespaces left\)/);
+    const nodeNs = /node (svt-\d+-[0-9a-f]+)-node;/.exec(out)?.[1];
+    assert.ok(nodeNs);
+    assert.deepEqual(netnsList().filter((n) => n.startsWith(`${nodeNs}-`)), []);
+  }, { timeout: 150_000 });
 });

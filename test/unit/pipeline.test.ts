@@ -1,9 +1,11 @@
+import { spawnSync } from 'node:child_process';
+import path from 'node:path';
 import { describe, it } from 'node:test';
 import { staleMarkerTables } from '../../src/pipeline/rule-marker';
 import { LiveDiagnoser, MAX_PENDING } from '../../src/explain/live';
 import assert from 'node:assert/strict';
 import { SinkSet, Sink } from '../../src/pipeline/sink';
-import { waitForStop } from '../../src/pipeline/lifecycle';
+import { deferStopSignals, releaseDeferredSignals, waitForStop } from '../../src/pipeline/lifecycle';
 import { serviceById, serviceIdsOf, serviceLabel, serviceLabelById } from '../../src/flows/service-ids';
 import { argvInNetns, CURRENT_NETNS } from '../../src/netns/netns';
 import { parseNodePortSpec, parseServiceSpec } from '../../src/net/ipv4';
@@ -109,6 +111,57 @@ describe('waitForStop', () => {
     assert.match(said, /stopping: writing what is left/);
     assert.equal(process.listenerCount('SIGHUP'), before);
     assert.equal(process.listenerCount('SIGINT'), intBefore);
+  });
+});
+
+describe('deferStopSignals: Ctrl-C while a command starts', () => {
+  // In a child: the second signal's exit is the point.
+  const lifecycle = path.resolve(__dirname, '..', '..', 'src', 'pipeline', 'lifecycle.js');
+  const child = (signals: number) =>
+    spawnSync(
+      process.execPath,
+      [
+        '-e',
+        `const l = require(${JSON.stringify(lifecycle)});
+         const release = l.deferStopSignals('stopping once started');
+         // Apart: two pending SIGINTs would be one.
+         for (let i = 0; i < ${signals}; i++) setTimeout(() => process.kill(process.pid, 'SIGINT'), i * 150);
+         setTimeout(async () => {
+           const t0 = Date.now();
+           const stopped = l.waitForStop(30); // takes over from the deferral
+           console.log(await stopped, Date.now() - t0 < 5000, process.listenerCount('SIGTERM'));
+         }, 600);`,
+      ],
+      { encoding: 'utf8', timeout: 20_000 },
+    );
+
+  it('one: answered, and the next waitForStop returns at once (the command ends the usual way)', () => {
+    const r = child(1);
+    assert.equal(r.status, 0, r.stderr);
+    assert.match(r.stderr, /svctrace: stopping once started; Ctrl-C again quits at once/);
+    // 'signal' at once; one handler left: the one that answers a later impatient signal.
+    assert.equal(r.stdout.trim(), 'signal true 1');
+  });
+
+  it('nothing is held while a waitForStop waits (it answers signals itself); a deferral is let go of by stop', async () => {
+    const before = process.listenerCount('SIGINT');
+    const ac = new AbortController();
+    const waiting = waitForStop(undefined, ac.signal);
+    deferStopSignals('x');
+    assert.equal(process.listenerCount('SIGINT'), before + 1, 'only waitForStop\'s');
+    ac.abort();
+    assert.equal(await waiting, 'aborted');
+    const release = deferStopSignals('x');
+    assert.equal(deferStopSignals('y'), release, 'one deferral at a time');
+    assert.equal(process.listenerCount('SIGINT'), before + 1);
+    releaseDeferredSignals();
+    assert.equal(process.listenerCount('SIGINT'), before);
+  });
+
+  it('two: the second quits at once (exit 130)', () => {
+    const r = child(2);
+    assert.equal(r.status, 130, r.stderr);
+    assert.equal(r.stdout, '');
   });
 });
 

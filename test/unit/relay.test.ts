@@ -10,6 +10,8 @@ import http from 'node:http';
 import type WebSocket from 'ws';
 import { StreamServer } from '../../src/stream/server';
 import { Relay } from '../../src/relay/relay';
+import { AgentLink } from '../../src/relay/agent-link';
+import net from 'node:net';
 import { upstreamRequest } from '../../src/relay/upstream';
 import { agentUrl, parseAgentsService } from '../../src/cli/commands/relay';
 import { spawn } from 'node:child_process';
@@ -237,6 +239,97 @@ describe('relay: a node server\'s losses stay counted across reconnects and rest
     } finally {
       await relay.stop();
       await server.close();
+    }
+  });
+});
+
+describe('relay: a node server that goes silent', () => {
+  /** A TCP proxy to a node server whose current connections can be cut dead: no FIN, no RST, nothing forwarded (a node powered off). */
+  async function silencingProxy(target: number): Promise<{ port: number; silence(): void; close(): Promise<void> }> {
+    const live = new Set<net.Socket>();
+    const server = net.createServer((inbound) => {
+      const outbound = net.connect(target, '127.0.0.1');
+      for (const s of [inbound, outbound]) {
+        live.add(s);
+        s.on('error', () => undefined);
+        s.on('close', () => live.delete(s));
+      }
+      inbound.pipe(outbound);
+      outbound.pipe(inbound);
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    return {
+      port: (server.address() as net.AddressInfo).port,
+      silence: () => {
+        for (const s of live) {
+          s.unpipe();
+          s.pause();
+        }
+      },
+      close: async () => {
+        for (const s of live) s.destroy();
+        await new Promise<void>((r) => server.close(() => r()));
+      },
+    };
+  }
+
+  it('no message for the silence limit: down with the reason, then reconnected', async () => {
+    const node = await StreamServer.start({ ...syntheticSource(), node: 'node-q' }, { listen: '127.0.0.1:0' });
+    const proxy = await silencingProxy(node.address().port);
+    const states: string[] = [];
+    const link = new AgentLink(
+      { url: `ws://127.0.0.1:${proxy.port}/v1/events`, silenceLimitMs: 1500, minBackoffMs: 50 },
+      { events: () => undefined, flows: () => undefined, diagnosis: () => undefined, changed: (l) => states.push(l.stateName()) },
+    );
+    try {
+      link.start();
+      assert.ok(await waitFor(() => link.stateName() === 'connected', 5000), 'connected through the proxy');
+      proxy.silence();
+      assert.ok(await waitFor(() => states.includes('down'), 6000), `down after the silence (states: ${states.join(', ')})`);
+      assert.match(link.nodeState().error ?? '', /no message from the server for 1\.5 s/);
+      assert.ok(await waitFor(() => link.stateName() === 'connected' && link.reconnects >= 1, 5000), 'a new connection after the dead one');
+    } finally {
+      link.stop();
+      await proxy.close();
+      await node.close();
+    }
+  });
+
+  it('no Hello within the connect timeout: down with the reason, and retried', async () => {
+    const mute = net.createServer((s) => s.on('error', () => undefined)); // takes the connection, never answers
+    await new Promise<void>((r) => mute.listen(0, '127.0.0.1', r));
+    const port = (mute.address() as net.AddressInfo).port;
+    const link = new AgentLink(
+      { url: `ws://127.0.0.1:${port}/v1/events`, connectTimeoutMs: 300, minBackoffMs: 50 },
+      { events: () => undefined, flows: () => undefined, diagnosis: () => undefined, changed: (l) => states.push(l.stateName()) },
+    );
+    const states: string[] = [];
+    try {
+      link.start();
+      assert.ok(await waitFor(() => link.reconnects >= 2, 5000), 'retried after each timeout');
+      assert.ok(states.length >= 1 && states.every((x) => x === 'down'), `down, never connected: ${states.join(', ')}`);
+      assert.match(link.nodeState().error ?? '', /no answer from ws:\/\/127\.0\.0\.1:\d+\/v1\/events within 0\.3 s/);
+    } finally {
+      link.stop();
+      mute.close();
+    }
+  });
+
+  it('a client holding its reading is not taken as silent; one that is let go of is', async () => {
+    const node = await StreamServer.start({ ...syntheticSource(), node: 'node-h' }, { listen: '127.0.0.1:0', limits: { statusEveryMs: 100 } });
+    const url = `ws://127.0.0.1:${node.address().port}/v1/events`;
+    const closes: string[] = [];
+    const client = await connect({ url, silenceLimitMs: 400 }, { close: (code, reason) => closes.push(`${code}: ${reason}`) });
+    try {
+      assert.ok(client.holdReading());
+      await new Promise((r) => setTimeout(r, 1200));
+      assert.deepEqual(closes, [], 'held: no silence counted');
+      client.releaseReading();
+      await new Promise((r) => setTimeout(r, 600));
+      assert.deepEqual(closes, [], 'released: the Status every 100 ms keeps it alive');
+    } finally {
+      client.close();
+      await node.close();
     }
   });
 });

@@ -159,6 +159,35 @@ describe('stream server', () => {
     stuck.ws.terminate();
   });
 
+  it('a client closed as too slow gets a last Status first: what it read and what that Status says it missed add up to what it was offered', async () => {
+    const tight = await StreamServer.start(syntheticSource(), { listen: '127.0.0.1:0', limits: { stuckAfterMs: 300, maxQueueBytes: 128 * 1024, highWaterBytes: 64 * 1024 } });
+    const c = new RawClient(tight.url());
+    c.keepEvents = false;
+    try {
+      await c.opened;
+      (c.ws as unknown as { _socket: { pause(): void } })._socket.pause();
+      assert.ok(await waitFor(() => tight.hub.clientList().length > 0, 3000));
+      const conn = tight.hub.clientList()[0]!;
+      const padding = 'x'.repeat(200);
+      let offered = 0;
+      for (let i = 0; i < 400 && !conn.closed; i++) {
+        offered += 500;
+        tight.publish(Array.from({ length: 500 }, (_, j) => makeEvent(i * 500 + j, { summary: padding })));
+        await new Promise((r) => setTimeout(r, 5));
+      }
+      assert.ok(await waitFor(() => conn.closed, 10_000), 'closed as too slow');
+      (c.ws as unknown as { _socket: { resume(): void } })._socket.resume();
+      assert.ok(await waitFor(() => c.closed !== null, 10_000), 'the client saw the close');
+      assert.equal(c.closed!.code, 4008, `closed with ${JSON.stringify(c.closed)}`);
+      const last = c.statuses.at(-1)!;
+      assert.ok(Number(last.dropped) > 0);
+      assert.equal(c.eventCount + Number(last.dropped), offered, `read ${c.eventCount} + missed ${last.dropped} (last Status) != offered ${offered}`);
+    } finally {
+      c.ws.terminate();
+      await tight.close();
+    }
+  });
+
   it('every event a client took is sent or counted as missed, also when it leaves with a full queue; client_queues keeps what departed clients missed', async () => {
     const base = url.replace('ws://', 'http://').replace('/v1/events', '');
     const lostInMetrics = async () => Number(/^svctrace_events_lost_total\{stage="client_queues"\} (\d+)$/m.exec((await get(`${base}/metrics`)).body)?.[1] ?? NaN);

@@ -1,6 +1,7 @@
 import { Command } from 'commander';
 import { SvctraceError } from '../../errors';
 import { connect } from '../../client/node';
+import { SILENT_CLOSE } from '../../client/client';
 import { eventToJson } from '../../flows/to-proto';
 import { DEFAULT_LISTEN, EVENTS_PATH } from '../../stream/server';
 import { stdoutRoom, waitForStop } from '../../pipeline/lifecycle';
@@ -63,7 +64,8 @@ export function registerWatch(program: Command): void {
       const done = new Promise<void>((resolve) => {
         void (async () => {
           client = await connect(
-            { url, token, filter },
+            // A server gone without a word (its node powered off, partitioned) ends the watch too.
+            { url, token, filter, connectTimeoutMs: 10_000, silenceLimitMs: 20_000 },
             {
               events: (events) => {
                 const lines = events.map((e) =>
@@ -84,7 +86,7 @@ export function registerWatch(program: Command): void {
               error: (e) => process.stderr.write(`svctrace: server says ${terminalSafeLine(`${e.code}: ${e.message}`)}\n`),
               diagnosis: (d) => process.stdout.write(terminalSafeLine(`[diagnosis]${d.node ? ` [${d.node}]` : ''} [${(d.severity ?? '').toUpperCase()}] ${d.code}${d.layer ? ` (${d.layer})` : ''} ${d.service}${d.object ? ` ${d.object}` : ''}: ${d.summary}`) + '\n'),
               close: (code, reason) => {
-                if (!userClosed) closedBy = terminalSafeLine(`server closed the stream (${code}${reason ? `: ${reason}` : ''})`);
+                if (!userClosed) closedBy = terminalSafeLine(code === SILENT_CLOSE ? `stream ended: ${reason}` : `server closed the stream (${code}${reason ? `: ${reason}` : ''})`);
                 serverGone.abort();
                 resolve();
               },
