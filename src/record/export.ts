@@ -80,6 +80,9 @@ export function writeAll(fd: number, output: string, buf: Buffer): void {
  * they are read (memory stays bounded whatever the recording's size); a
  * recording without captures is an error, and leaves no output behind.
  */
+/** Interfaces (capture points) in one pcapng export; the rest share the last. */
+export const MAX_INTERFACES = 4096;
+
 /** `name`: the recording as the user named it, for messages (`input` may be a stream's copy, read through /proc/self/fd). */
 export function exportPcapng(input: string, output: string, name = input): PcapExport {
   const ifaces = new Map<string, number>();
@@ -91,7 +94,10 @@ export function exportPcapng(input: string, output: string, name = input): PcapE
     const rec = readRecording(input, (events, _chunk, sofar) => {
       for (const e of events) {
         if (!e.packetData?.length) continue;
-        const cp = capturePoint(e);
+        let cp = capturePoint(e);
+        // A node has tens of capture points; a crafted recording may name any
+        // number: past the bound they share one interface (memory stays bounded).
+        if (!ifaces.has(cp.name) && ifaces.size >= MAX_INTERFACES - 1) cp = { name: 'other', description: `capture points past the first ${MAX_INTERFACES - 1}` };
         let id = ifaces.get(cp.name);
         if (id === undefined) {
           id = ifaces.size;

@@ -16,10 +16,11 @@ import { ChunkType, ChunkWriter, CHUNK_HEADER_BYTES, HASH_BYTES, MAGIC } from '.
 import { readRecording } from '../../src/record/reader';
 import { O_TMPFILE, openRecordingInput } from '../../src/record/spool';
 import { replay } from '../../src/record/replay';
-import { exportJson } from '../../src/record/export';
+import { exportJson, exportPcapng, MAX_INTERFACES } from '../../src/record/export';
 import { keyId, signChainHead } from '../../src/record/signing';
 import { svctrace } from '../../src/gen/svctrace';
 import { makeEvent } from '../helpers/stream';
+import { inspect } from '../../src/record/inspect';
 import { RecordingSink } from '../../src/pipeline/sinks/recording';
 import { SinkSet } from '../../src/pipeline/sink';
 import type { Ingested } from '../../src/flows/types';
@@ -649,3 +650,73 @@ const i = openRecordingInput('/dev/stdin', ${JSON.stringify(dir)}); process.stdo
     assert.equal(MAGIC.length + CHUNK_HEADER_BYTES + HASH_BYTES, 48);
   });
 });
+
+describe('inspect keeps a bounded number of flows', () => {
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'svt-inspect-'));
+  after(() => fs.rmSync(tmp, { recursive: true, force: true }));
+
+  /** Flows 0..n-1, each with `per` events in a row (backend on its second); `again` flows' one more event at the end. */
+  function flowsRecording(file: string, n: number, per: number, again: number[] = []): void {
+    const w = new ChunkWriter(file, true);
+    w.write(ChunkType.HEADER, pb.RecordingHeader.encode({ toolVersion: 'test', node: 'n1', startedAt: '2026-11-29T00:00:00.000Z', services: ['10.96.0.100:80/tcp'] }).finish());
+    let wr = protobuf.Writer.create();
+    let inChunk = 0;
+    const put = (e: pb.IEvent) => {
+      wr.bytes(pb.Event.encode(e).finish());
+      if (++inChunk === 500) {
+        w.write(ChunkType.EVENTS, wr.finish());
+        wr = protobuf.Writer.create();
+        inChunk = 0;
+      }
+    };
+    for (let i = 0; i < n; i++) {
+      for (let k = 0; k < per; k++) {
+        put(makeEvent(i, {
+          backend: k === 0 ? '' : `10.244.1.${10 + (i % 3)}:8080`,
+          kind: k === per - 1 && i % 7 === 0 ? pb.EventKind.EVENT_KIND_DROP : pb.EventKind.EVENT_KIND_NETFILTER,
+          dropReasonName: k === per - 1 && i % 7 === 0 ? 'NETFILTER_DROP' : '',
+        }));
+      }
+    }
+    for (const i of again) put(makeEvent(i, { backend: '' }));
+    if (inChunk) w.write(ChunkType.EVENTS, wr.finish());
+    w.close();
+  }
+
+  it('past the bound, the oldest flows are summarized: the same counts per service, backend and drop as with no bound', () => {
+    const file = path.join(tmp, 'many.svtr');
+    flowsRecording(file, 3000, 3);
+    const bounded = inspect(file, 'x', 50).text;
+    const unbounded = inspect(file, 'x', 1e9).text;
+    assert.equal(bounded, unbounded);
+    assert.match(bounded, /service 10\.96\.0\.100:80\/tcp: 1500 flows/);
+    assert.match(bounded, /drops: NETFILTER_DROP=\d+/);
+    assert.doesNotMatch(bounded, /note: flows are followed/);
+  });
+
+  it('a flow with events again after the bound is counted once per part, and the text says so', () => {
+    const file = path.join(tmp, 'again.svtr');
+    flowsRecording(file, 200, 2, [0, 2]);
+    const bounded = inspect(file, 'x', 50).text;
+    assert.match(bounded, /service 10\.96\.0\.100:80\/tcp: 102 flows/, bounded);
+    assert.match(bounded, /note: flows are followed 50 at a time: 2 had events again after that many newer flows, each counted once per part$/m);
+    assert.match(inspect(file, 'x', 1e9).text, /service 10\.96\.0\.100:80\/tcp: 100 flows/);
+  });
+
+  it('export --pcapng: past 4096 capture points (a crafted recording), the rest share one interface', () => {
+    const file = path.join(tmp, 'ifaces.svtr');
+    const w = new ChunkWriter(file, true);
+    w.write(ChunkType.HEADER, pb.RecordingHeader.encode({ toolVersion: 'test', node: 'n1', startedAt: '2026-11-29T00:00:00.000Z', services: ['10.96.0.100:80/tcp'], snaplen: 64 }).finish());
+    const wr = protobuf.Writer.create();
+    for (let i = 0; i < 5000; i++) {
+      wr.bytes(pb.Event.encode(makeEvent(i, { kind: pb.EventKind.EVENT_KIND_DEV_XMIT, device: { name: `veth${i}` }, packetData: new Uint8Array(20) })).finish());
+    }
+    w.write(ChunkType.EVENTS, wr.finish());
+    w.close();
+    const out = path.join(tmp, 'ifaces.pcapng');
+    const r = exportPcapng(file, out);
+    assert.equal(r.packets, 5000);
+    assert.equal(r.interfaces, MAX_INTERFACES);
+  });
+});
+
