@@ -31,7 +31,9 @@ export async function runDemo(opts: { requests: number; out?: NodeJS.WritableStr
   const demoDone = new AbortController();
   let interrupted = false;
   void waitForStop(undefined, demoDone.signal).then((why) => {
-    if (why === 'signal') interrupted = true;
+    if (why !== 'signal') return;
+    interrupted = true;
+    say('interrupted: stopping after this step, then tearing the lab down');
   });
   say('svctrace demo: building the lab (network namespaces only)...');
   let lab: Lab;
@@ -39,11 +41,13 @@ export async function runDemo(opts: { requests: number; out?: NodeJS.WritableStr
     lab = await Lab.up({ remoteNode: true });
   } catch (e) {
     demoDone.abort();
+    // A terminal's Ctrl-C reaches the lab's own processes too (its pod servers): the build failing then is the interrupt's doing.
+    if (interrupted) return say('lab torn down (its build was interrupted)');
     throw e;
   }
   let pipeline: Pipeline | undefined;
   try {
-    if (interrupted) return say('interrupted: tearing the lab down');
+    if (interrupted) return;
     const web = lab.service('web');
     const dns = lab.service('kube-dns');
     const empty = lab.service('empty');
@@ -71,24 +75,24 @@ export async function runDemo(opts: { requests: number; out?: NodeJS.WritableStr
     );
 
     for (let i = 0; i < opts.requests; i++) {
-      if (interrupted) return say('interrupted: tearing the lab down');
+      if (interrupted) return;
       const r = await lab.curl(`http://${web.clusterIP}:${web.port}/`);
       say(`$ curl ${web.clusterIP}:${web.port}  (from the node) -> ${r.ok ? r.body.trim() : `failed: ${r.stderr.trim()}`}`);
       await sleep(50);
     }
-    if (interrupted) return say('interrupted: tearing the lab down');
+    if (interrupted) return;
     const np = await lab.curl(`http://${lab.nodeIPForClient()}:${web.nodePort}/`, 'client');
     say(`$ curl ${lab.nodeIPForClient()}:${web.nodePort}  (NodePort, from the client) -> ${np.ok ? np.body.trim() : `failed: ${np.stderr.trim()}`}`);
     await sleep(50);
-    if (interrupted) return say('interrupted: tearing the lab down');
+    if (interrupted) return;
     const rr = await lab.curl(`http://${remote.clusterIP}:${remote.port}/`);
     say(`$ curl ${remote.clusterIP}  (backend on the second node, over VXLAN) -> ${rr.ok ? rr.body.trim() : `failed: ${rr.stderr.trim()}`}`);
     await sleep(50);
-    if (interrupted) return say('interrupted: tearing the lab down');
+    if (interrupted) return;
     const udp = await runIn(lab.nodeNetns, [process.execPath, '-e', UDP_QUERY, dns.clusterIP, String(dns.port)], { allowFail: true });
     say(`$ udp query ${dns.clusterIP}:53 -> ${udp.stdout.trim() || udp.stderr.trim()}`);
     await sleep(50);
-    if (interrupted) return say('interrupted: tearing the lab down');
+    if (interrupted) return;
     const e = await lab.curl(`http://${empty.clusterIP}:${empty.port}/`);
     say(`$ curl ${empty.clusterIP}  (no endpoints) -> ${e.ok ? e.body.trim() : `failed: ${e.stderr.trim()}`}`);
     // Conntrack reaps expired entries lazily; the lab asks it to now so the
@@ -96,16 +100,19 @@ export async function runDemo(opts: { requests: number; out?: NodeJS.WritableStr
     await sleep(2500);
     await lab.reapConntrack();
     await sleep(300);
-    if (interrupted) return say('interrupted: tearing the lab down');
+    if (interrupted) return;
     const { summary, stats, losses } = await pipeline.stop();
     say('');
     say(formatSummary(summary, stats, pipeline.backendName, losses));
     say(`  pods' own logs: ${lab.pods.map((p) => `${p.name}=${lab.served.filter((s) => s.pod === p.name).length}`).join(' ')}`);
   } finally {
-    await pipeline?.stop();
-    await lab.down();
-    say(`lab torn down (${lab.leftovers().length} namespaces left)`);
-    demoDone.abort();
+    try {
+      await pipeline?.stop();
+      await lab.down();
+      say(`lab torn down (${lab.leftovers().length} namespaces left)`);
+    } finally {
+      demoDone.abort();
+    }
   }
 }
 

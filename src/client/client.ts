@@ -99,7 +99,7 @@ export class SvctraceClient {
   private handlers: ClientHandlers = {};
   private readonly pongs = new Map<string, () => void>();
   private nextNonce = 1;
-  private lastMessageAt = Date.now();
+  private lastMessageAt = monoMs();
   /** Reading held (holdReading): silence is this side's doing, not the server's. */
   private holding = false;
   private silenceTimer?: ReturnType<typeof setInterval>;
@@ -117,33 +117,42 @@ export class SvctraceClient {
     const client = new SvctraceClient(ws);
     client.handlers = handlers;
     return new Promise((resolve, reject) => {
-      let settled = false;
-      const fail = (e: ClientError): void => {
-        if (settled) return;
-        settled = true;
+      // One outcome: resolved (the connection is the caller's from then on,
+      // its end told by handlers.close) or rejected (the socket let go, its
+      // end told by the rejection alone).
+      let done = false;
+      let helloSeen = false;
+      const fail = (e: ClientError, drop: boolean): void => {
+        if (done) return;
+        done = true;
         clearTimeout(connectTimer);
+        client.endReported = true; // nothing more is handed over
         reject(e);
+        if (drop) client.drop();
+      };
+      const succeed = (): void => {
+        if (done) return;
+        done = true;
+        clearTimeout(connectTimer);
+        if (opts.silenceLimitMs) client.watchSilence(opts.silenceLimitMs);
+        resolve(client);
       };
       const connectTimer = opts.connectTimeoutMs
-        ? unrefTimer(
-            setTimeout(() => {
-              fail(new ClientError(`no answer from ${opts.url} within ${seconds(opts.connectTimeoutMs!)}`, 'TIMEOUT'));
-              client.drop();
-            }, opts.connectTimeoutMs),
-          )
+        ? unrefTimer(setTimeout(() => fail(new ClientError(`no answer from ${opts.url} within ${seconds(opts.connectTimeoutMs!)}`, 'TIMEOUT'), true), opts.connectTimeoutMs))
         : undefined;
       ws.onerror = (ev) => {
         // ws's error event names the cause (ECONNREFUSED, a TLS failure); a browser's says nothing.
         const why = (ev as { message?: unknown } | null)?.message;
-        fail(new ClientError(`cannot connect to ${opts.url}${typeof why === 'string' && why ? `: ${why}` : ''}`, 'CONNECT'));
+        fail(new ClientError(`cannot connect to ${opts.url}${typeof why === 'string' && why ? `: ${why}` : ''}`, 'CONNECT'), false);
       };
       ws.onclose = (ev) => {
-        fail(new ClientError(`connection to ${opts.url} closed (${ev.code}${ev.reason ? `: ${ev.reason}` : ''})`, 'CLOSED'));
-        // A connection that never said hello ends in connect's rejection alone.
-        if (client.hello) client.ended(ev.code, ev.reason);
+        if (!done) fail(new ClientError(`connection to ${opts.url} closed (${ev.code}${ev.reason ? `: ${ev.reason}` : ''})`, 'CLOSED'), false);
+        else client.ended(ev.code, ev.reason);
       };
       ws.onmessage = (ev) => {
-        client.lastMessageAt = Date.now();
+        // Frames the socket still had after the end (silence, a failed connect) are not handed over.
+        if (client.endReported) return;
+        client.lastMessageAt = monoMs();
         const bytes = toBytes(ev.data);
         if (!bytes) return;
         let msg: pb.ServerMessage;
@@ -153,18 +162,16 @@ export class SvctraceClient {
           client.handlers.error?.(pb.Error.create({ code: 'BAD_FRAME', message: 'undecodable frame from server' }));
           return;
         }
-        if (msg.body === 'hello' && !settled) {
+        if (msg.body === 'hello' && !helloSeen) {
+          helloSeen = true;
           client.hello = msg.hello!;
-          settled = true;
-          clearTimeout(connectTimer);
-          if (opts.silenceLimitMs) client.watchSilence(opts.silenceLimitMs);
           client.handlers.hello?.(client.hello);
           if (opts.filter || opts.flows) {
-            // Resolve once the server applied the filter.
+            // Resolve once the server applied the filter; a server that does not answer is let go.
             client.subscribe(opts.filter ?? {}, !!opts.flows);
-            client.sync().then(() => resolve(client), reject);
+            client.sync().then(succeed, (e: ClientError) => fail(e, true));
           } else {
-            resolve(client);
+            succeed();
           }
           return;
         }
@@ -178,7 +185,7 @@ export class SvctraceClient {
     this.silenceTimer = unrefTimer(
       setInterval(
         () => {
-          if (this.holding || Date.now() - this.lastMessageAt <= limitMs) return;
+          if (this.holding || monoMs() - this.lastMessageAt <= limitMs) return;
           this.ended(SILENT_CLOSE, `no message from the server for ${seconds(limitMs)}: connection presumed dead`);
           this.drop();
         },
@@ -268,7 +275,7 @@ export class SvctraceClient {
 
   releaseReading(): void {
     this.holding = false;
-    this.lastMessageAt = Date.now();
+    this.lastMessageAt = monoMs();
     this.ws.resume?.();
   }
 
@@ -283,10 +290,12 @@ export class SvctraceClient {
   sync(timeoutMs = 5000): Promise<void> {
     const nonce = this.nextNonce++;
     return new Promise((resolve, reject) => {
-      const t = setTimeout(() => {
-        this.pongs.delete(String(nonce));
-        reject(new ClientError('no answer from the server', 'TIMEOUT'));
-      }, timeoutMs);
+      const t = unrefTimer(
+        setTimeout(() => {
+          this.pongs.delete(String(nonce));
+          reject(new ClientError('no answer from the server', 'TIMEOUT'));
+        }, timeoutMs),
+      );
       this.pongs.set(String(nonce), () => {
         clearTimeout(t);
         resolve();
@@ -298,7 +307,17 @@ export class SvctraceClient {
   close(): void {
     clearInterval(this.silenceTimer);
     this.ws.close(1000, 'bye');
+    // A peer that never answers the closing handshake (gone) would hold the socket, and Node's process, for ws's 30 s.
+    if (this.ws.terminate) unrefTimer(setTimeout(() => this.ws.terminate!(), CLOSE_WAIT_MS));
   }
+}
+
+/** How long close() waits for the server's half of the closing handshake before it lets go of the socket. */
+const CLOSE_WAIT_MS = 2000;
+
+/** Milliseconds on a clock no wall-clock step moves (Node and browsers). */
+function monoMs(): number {
+  return performance.now();
 }
 
 /** Node's timers hold the process open; a browser's are numbers. */

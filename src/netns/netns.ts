@@ -5,6 +5,7 @@
  * namespace (discovery, explain, snapshots, the nftables marker, doctor, the
  * lab) builds its argv with `argvInNetns`.
  */
+import os from 'node:os';
 import fs from 'node:fs';
 import path from 'node:path';
 import { execFile, execFileSync } from 'node:child_process';
@@ -69,19 +70,30 @@ export function argvInNetns(netns: string, argv: string[]): string[] {
 }
 
 export interface NetnsRunResult {
-  /** Exit code; 127 when the command could not run. */
+  /** Exit code; 127 when the command could not run; 128 + the signal's number when one ended it. */
   code: number;
   stdout: string;
   stderr: string;
 }
 
+/** A command that runs longer is killed (a hung tool must not hang svctrace). */
+const RUN_TIMEOUT_MS = 20_000;
+
 /** Runs a command inside a namespace; never rejects (a missing tool is exit 127 with a message). */
 export function runInNetns(netns: string, argv: string[]): Promise<NetnsRunResult> {
   const full = argvInNetns(netns, argv);
   return new Promise((resolve) => {
-    execFile(full[0]!, full.slice(1), { encoding: 'utf8', timeout: 20_000, maxBuffer: 256 << 20 }, (err, stdout, stderr) => {
-      const code = err ? (typeof err.code === 'number' ? err.code : 127) : 0;
-      resolve({ code, stdout, stderr: err && (err as NodeJS.ErrnoException).code === 'ENOENT' ? `${full[0]} not installed` : stderr });
+    execFile(full[0]!, full.slice(1), { encoding: 'utf8', timeout: RUN_TIMEOUT_MS, maxBuffer: 256 << 20 }, (err, stdout, stderr) => {
+      if (!err) return resolve({ code: 0, stdout, stderr });
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return resolve({ code: 127, stdout, stderr: `${full[0]} not installed` });
+      if (typeof err.code === 'number') return resolve({ code: err.code, stdout, stderr });
+      const signal = (err as { signal?: NodeJS.Signals | null }).signal;
+      if (!signal) return resolve({ code: 127, stdout, stderr: stderr || err.message });
+      // Said, not left as an empty output: a terminal's Ctrl-C reaches the
+      // commands svctrace runs as well as svctrace (a snapshot taken while
+      // it started records them as interrupted, not as empty).
+      const why = (err as { killed?: boolean }).killed ? `timed out after ${RUN_TIMEOUT_MS / 1000} s` : `interrupted (${signal})`;
+      resolve({ code: 128 + (os.constants.signals[signal] ?? 0), stdout, stderr: `${why}${stderr ? `: ${stderr}` : ''}` });
     });
   });
 }

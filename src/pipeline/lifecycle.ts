@@ -63,14 +63,17 @@ let stopping = false;
  * After the signal that stops a command, the next one (an impatient second
  * Ctrl-C) is answered, not obeyed: its default action would kill the
  * process while it writes what it still holds (the last events, a
- * recording's trailer with its loss counters). A third one kills it.
+ * recording's trailer with its loss counters). A third one quits at once,
+ * its 'exit' hooks run (the lab's teardown: the default action skipped them).
  */
 function stoppingOnSignal(): void {
   if (stopping) return;
   stopping = true;
-  const again = () => {
-    for (const s of STOP_SIGNALS) process.off(s, again);
-    process.stderr.write('svctrace: stopping: writing what is left (the last events, a recording\'s trailer); Ctrl-C again quits at once and loses them\n');
+  let answered = false;
+  const again = (signal: NodeJS.Signals) => {
+    if (answered) exitOnSignal(signal);
+    answered = true;
+    process.stderr.write('svctrace: stopping: writing what is left (the last events, a recording\'s trailer, the lab\'s teardown); Ctrl-C again quits at once and loses them\n');
   };
   for (const s of STOP_SIGNALS) process.on(s, again);
 }
@@ -79,8 +82,8 @@ function stoppingOnSignal(): void {
 let stopAskedEarly = false;
 /** waitForStop calls waiting now: they answer signals themselves. */
 let waiting = 0;
-/** deferStopSignals' handlers, while they are installed: their removal. */
-let releaseDeferred: (() => void) | undefined;
+/** deferStopSignals' handlers while installed: how many startups hold them, and their removal. */
+let deferral: { holders: number; off: () => void } | undefined;
 
 /**
  * Holds the stop signals while a command starts (discovery, a recording's
@@ -89,35 +92,41 @@ let releaseDeferred: (() => void) | undefined;
  * recording gets its trailer) where the signal's default action killed the
  * process and left a file with only its header. Another signal quits at
  * once (a startup stuck on an unanswering API must stay stoppable).
- * waitForStop takes over from it; the returned release lets go otherwise
- * (startup failed, or the command stops without waiting). Nothing while a
- * waitForStop is waiting: it answers signals already.
+ * waitForStop takes over from it. The returned release lets go otherwise
+ * (startup failed, or the command stopped without waiting); the handlers
+ * go, and what they noted, when the last startup holding them lets go.
+ * Nothing while a waitForStop is waiting: it answers signals already.
  */
 export function deferStopSignals(message: string): () => void {
   if (waiting > 0) return () => undefined;
-  if (releaseDeferred) return releaseDeferred;
-  const onSignal = (signal: NodeJS.Signals) => {
-    if (!stopAskedEarly) {
-      stopAskedEarly = true;
-      process.stderr.write(`svctrace: ${message}; ${signal === 'SIGINT' ? 'Ctrl-C' : signal} again quits at once\n`);
-      return;
-    }
-    process.exit(128 + (os.constants.signals[signal] ?? 2));
+  if (!deferral) {
+    const onSignal = (signal: NodeJS.Signals) => {
+      if (!stopAskedEarly) {
+        stopAskedEarly = true;
+        process.stderr.write(`svctrace: ${message}; ${signal === 'SIGINT' ? 'Ctrl-C' : signal} again quits at once\n`);
+        return;
+      }
+      exitOnSignal(signal);
+    };
+    for (const s of STOP_SIGNALS) process.on(s, onSignal);
+    deferral = { holders: 0, off: () => STOP_SIGNALS.forEach((s) => process.off(s, onSignal)) };
+  }
+  const held = deferral;
+  held.holders++;
+  let released = false;
+  return () => {
+    if (released) return;
+    released = true;
+    if (deferral !== held || --held.holders > 0) return; // taken over by waitForStop, or still held by another
+    held.off();
+    deferral = undefined;
+    stopAskedEarly = false;
   };
-  for (const s of STOP_SIGNALS) process.on(s, onSignal);
-  const release = () => {
-    if (releaseDeferred !== release) return;
-    releaseDeferred = undefined;
-    for (const s of STOP_SIGNALS) process.off(s, onSignal);
-  };
-  releaseDeferred = release;
-  return release;
 }
 
-/** Lets go of deferStopSignals' handlers and what they noted: a command that stops without waitForStop. */
-export function releaseDeferredSignals(): void {
-  releaseDeferred?.();
-  stopAskedEarly = false;
+/** Quits now, as the signal's default action would, but with the process's 'exit' hooks run (the lab's teardown). */
+function exitOnSignal(signal: NodeJS.Signals): never {
+  process.exit(128 + (os.constants.signals[signal] ?? 2));
 }
 
 /**
@@ -145,7 +154,11 @@ export function waitForStop(seconds: number | undefined, abort?: AbortSignal): P
     };
     for (const s of STOP_SIGNALS) process.on(s, onSignal);
     waiting++;
-    releaseDeferred?.(); // this one answers signals now
+    if (deferral) {
+      // This one answers signals now (and takes what the deferral noted, below).
+      deferral.off();
+      deferral = undefined;
+    }
     if (stopAskedEarly) {
       stopAskedEarly = false;
       return onSignal();

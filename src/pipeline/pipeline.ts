@@ -13,7 +13,7 @@
  * the hooks attached and events delivered. stop: the kernel source stops,
  * in-flight batches land, the sinks close in order, the API watch stops.
  */
-import { deferStopSignals, releaseDeferredSignals } from './lifecycle';
+import { deferStopSignals } from './lifecycle';
 import fs from 'node:fs';
 import { SvctraceError } from '../errors';
 import { loadBinding, type LoadedProgram } from '../native/binding';
@@ -154,6 +154,8 @@ export class Pipeline {
   private changed: Map<number, Flow> | undefined;
   /** Flow changes that gave way in `changed` before the stream took them (stage flow_updates). */
   private flowUpdatesDropped = 0;
+  /** Lets go of the signals held while it started (see deferStopSignals). */
+  private releaseSignals: () => void = () => undefined;
   private flowsWanted = false;
   private readonly apiNames: ApiNames | undefined;
   /** Names where the kernel dropped packets; its table is read ahead at start. */
@@ -180,7 +182,9 @@ export class Pipeline {
     // command's waitForStop takes the signal over (stop() lets go otherwise).
     const releaseSignals = deferStopSignals('stopping once tracing has started, so that it ends cleanly');
     try {
-      return await Pipeline.startNow(opts, makeSinks);
+      const p = await Pipeline.startNow(opts, makeSinks);
+      p.releaseSignals = releaseSignals;
+      return p;
     } catch (e) {
       releaseSignals();
       throw e;
@@ -448,7 +452,7 @@ export class Pipeline {
   }
 
   private async stopNow(): Promise<PipelineResult> {
-    releaseDeferredSignals(); // stopped without a waitForStop (the demo, tests): signals are not held
+    this.releaseSignals(); // stopped without a waitForStop (tests, a bench): signals are not held
     clearInterval(this.expiryTimer);
     clearInterval(this.sweepTimer);
     clearInterval(this.memoryTimer);

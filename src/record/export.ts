@@ -75,14 +75,14 @@ export function writeAll(fd: number, output: string, buf: Buffer): void {
   }
 }
 
+/** Interfaces (capture points) in one pcapng export; the rest share the last. */
+export const MAX_INTERFACES = 4096;
+
 /**
  * Writes the captured packets of a recording as pcapng, block by block as
  * they are read (memory stays bounded whatever the recording's size); a
  * recording without captures is an error, and leaves no output behind.
  */
-/** Interfaces (capture points) in one pcapng export; the rest share the last. */
-export const MAX_INTERFACES = 4096;
-
 /** `name`: the recording as the user named it, for messages (`input` may be a stream's copy, read through /proc/self/fd). */
 export function exportPcapng(input: string, output: string, name = input): PcapExport {
   const ifaces = new Map<string, number>();

@@ -91,8 +91,10 @@ class IdQueue {
 /** Ids of summarized flows remembered (a flow seen again is told as such), per flow followed: ids are small. */
 const SUMMARIZED_IDS_PER_OPEN_FLOW = 4;
 
-/** Services, and backends of one, listed one by one; the rest share a line. */
+/** Services, and backends (of all services), listed one by one; the rest share a line. */
 const MAX_LINES = 4096;
+/** Kinds of drop listed per service; the rest share one. */
+const MAX_DROP_KINDS = 256;
 
 /** What inspect says of one Service: flows per backend, drops by kind (flows with one), resets. */
 interface ServiceSeen {
@@ -113,6 +115,7 @@ export function inspect(path: string, name = path, maxOpenFlows = INSPECT_MAX_OP
   const summarized = new Set<string>();
   const summarizedOrder = new IdQueue();
   let summarizedEvicted = 0;
+  let backendLines = 0; // all services'
   let seenAgain = 0;
   const summarize = (id: string, f: FlowSeen, remember = true) => {
     flows.delete(id);
@@ -122,9 +125,15 @@ export function inspect(path: string, name = path, maxOpenFlows = INSPECT_MAX_OP
     if (!svc) byService.set(service, (svc = { flows: 0, perBackend: new Map(), drops: new Map(), resets: 0 }));
     svc.flows++;
     let k = f.backend ? `${f.backend}${f.backendNetns ? ` (${f.backendNetns})` : ''}` : 'not DNATed';
-    if (!svc.perBackend.has(k) && svc.perBackend.size >= MAX_LINES) k = '(other backends)';
+    if (!svc.perBackend.has(k)) {
+      if (backendLines >= MAX_LINES) k = '(other backends)';
+      else backendLines++;
+    }
     svc.perBackend.set(k, (svc.perBackend.get(k) ?? 0) + 1);
-    for (const d of f.drops ?? []) svc.drops.set(d, (svc.drops.get(d) ?? 0) + 1);
+    for (let d of f.drops ?? []) {
+      if (!svc.drops.has(d) && svc.drops.size >= MAX_DROP_KINDS) d = '(other drops)';
+      svc.drops.set(d, (svc.drops.get(d) ?? 0) + 1);
+    }
     if (f.reset) svc.resets++;
     // Its id, to tell a flow seen again from a new one; the ids are bounded too (the oldest forgotten).
     // (The queue bounds them: an id seen again and summarized again is in it

@@ -170,7 +170,8 @@ export class ClientConn {
         this.paused = false;
         break;
       case 'ping':
-        this.sendControl(serverFrame({ pong: { nonce: msg.ping?.nonce ?? 0 } }));
+        // Even above the high-water mark: a client waits on it (sync), and its pings are rate-limited.
+        this.sendControl(serverFrame({ pong: { nonce: msg.ping?.nonce ?? 0 } }), true);
         break;
     }
   }
@@ -270,13 +271,18 @@ export class ClientConn {
     this.queueBytes = 0;
     this.pending = [];
     this.pendingEvents = 0;
-    const status = this.hooks.statusFrame?.(this);
+    let status: Uint8Array | undefined;
+    try {
+      status = this.hooks.statusFrame?.(this);
+    } catch {
+      // counters not readable (a source already closed): the close goes on without them
+    }
     if (status) this.sendControl(status, true);
     this.sendControl(errorFrame(errCode, reason, true), true);
     // The close frame goes into the send buffer too (status code and reason).
     if (this.ws.readyState === WebSocket.OPEN) this.wireBytes += wireLength(2 + Buffer.byteLength(reason.slice(0, 120)));
     this.ws.close(code, reason.slice(0, 120));
-    const t = setTimeout(() => this.ws.terminate(), 1000);
+    const t = setTimeout(() => this.ws.terminate(), this.limits.closeGraceMs);
     t.unref();
     this.finish();
   }

@@ -21,6 +21,8 @@ export interface StreamLimits {
   statusEveryMs: number;
   /** Flow updates every this many ms. */
   flowsEveryMs: number;
+  /** A client the server closes has this long to read what it was sent (its last Status, the close frame) before its socket is cut. */
+  closeGraceMs: number;
 }
 
 export const DEFAULT_LIMITS: StreamLimits = {
@@ -35,6 +37,7 @@ export const DEFAULT_LIMITS: StreamLimits = {
   flushMs: 10,
   statusEveryMs: 1000,
   flowsEveryMs: 500,
+  closeGraceMs: 1000,
 };
 
 /** WebSocket close codes svctrace uses (4000-4999 are for applications). */

@@ -94,7 +94,7 @@ describe('svctrace demo (kernel)', () => {
     const code = await ended(child);
     clearTimeout(killer);
     assert.equal(code, 0, `${err}\n${out}`);
-    assert.match(out, /^interrupted: tearing the lab down$/m);
+    assert.match(out, /^interrupted: stopping after this step, then tearing the lab down$/m);
     assert.ok((out.match(/^\$ curl /gm) ?? []).length < 1000, 'stopped, not run to its end');
     assert.match(out, /lab torn down \(0 namespaces left\)/);
     const nodeNs = /node (svt-\d+-[0-9a-f]+)-node;/.exec(out)?.[1];

@@ -5,9 +5,9 @@ import { staleMarkerTables } from '../../src/pipeline/rule-marker';
 import { LiveDiagnoser, MAX_PENDING } from '../../src/explain/live';
 import assert from 'node:assert/strict';
 import { SinkSet, Sink } from '../../src/pipeline/sink';
-import { deferStopSignals, releaseDeferredSignals, waitForStop } from '../../src/pipeline/lifecycle';
+import { deferStopSignals, waitForStop } from '../../src/pipeline/lifecycle';
 import { serviceById, serviceIdsOf, serviceLabel, serviceLabelById } from '../../src/flows/service-ids';
-import { argvInNetns, CURRENT_NETNS } from '../../src/netns/netns';
+import { argvInNetns, CURRENT_NETNS, runInNetns } from '../../src/netns/netns';
 import { parseNodePortSpec, parseServiceSpec } from '../../src/net/ipv4';
 import type { Flow, Ingested } from '../../src/flows/types';
 import type { DiscoveredService } from '../../src/discovery/model';
@@ -97,7 +97,8 @@ describe('waitForStop', () => {
     process.emit('SIGHUP', 'SIGHUP');
     assert.equal(await stopped, 'signal');
     // Its own handlers are gone; while the command stops, the next signal is
-    // answered (a message), not obeyed, once: one handler per signal, then none.
+    // answered (a message), not obeyed: one handler per signal (the one
+    // after quits at once, its 'exit' hooks run: the child test below).
     assert.equal(process.listenerCount('SIGHUP'), before + 1);
     assert.equal(process.listenerCount('SIGINT'), intBefore + 1);
     const write = process.stderr.write;
@@ -109,8 +110,8 @@ describe('waitForStop', () => {
       process.stderr.write = write;
     }
     assert.match(said, /stopping: writing what is left/);
-    assert.equal(process.listenerCount('SIGHUP'), before);
-    assert.equal(process.listenerCount('SIGINT'), intBefore);
+    assert.equal(process.listenerCount('SIGHUP'), before + 1);
+    assert.equal(process.listenerCount('SIGINT'), intBefore + 1);
   });
 });
 
@@ -147,21 +148,55 @@ describe('deferStopSignals: Ctrl-C while a command starts', () => {
     const before = process.listenerCount('SIGINT');
     const ac = new AbortController();
     const waiting = waitForStop(undefined, ac.signal);
-    deferStopSignals('x');
+    deferStopSignals('x')();
     assert.equal(process.listenerCount('SIGINT'), before + 1, 'only waitForStop\'s');
     ac.abort();
     assert.equal(await waiting, 'aborted');
-    const release = deferStopSignals('x');
-    assert.equal(deferStopSignals('y'), release, 'one deferral at a time');
-    assert.equal(process.listenerCount('SIGINT'), before + 1);
-    releaseDeferredSignals();
+    // Two startups at once (tests run pipelines side by side): held until both let go.
+    const first = deferStopSignals('x');
+    const second = deferStopSignals('y');
+    assert.equal(process.listenerCount('SIGINT'), before + 1, 'one set of handlers');
+    first();
+    first();
+    assert.equal(process.listenerCount('SIGINT'), before + 1, 'still held by the second');
+    second();
     assert.equal(process.listenerCount('SIGINT'), before);
+  });
+
+  it('while stopping: the second signal is answered, the third quits at once with exit hooks run (exit 130)', () => {
+    const r = spawnSync(
+      process.execPath,
+      [
+        '-e',
+        `const l = require(${JSON.stringify(lifecycle)});
+         process.on('exit', (code) => console.log('exit hook', code));
+         l.waitForStop(30).then(() => setTimeout(() => console.log('not killed'), 5000));
+         for (let i = 0; i < 3; i++) setTimeout(() => process.kill(process.pid, 'SIGINT'), 200 + i * 150);`,
+      ],
+      { encoding: 'utf8', timeout: 20_000 },
+    );
+    assert.equal(r.status, 130, r.stderr);
+    assert.match(r.stderr, /stopping: writing what is left/);
+    assert.equal(r.stdout.trim(), 'exit hook 130');
   });
 
   it('two: the second quits at once (exit 130)', () => {
     const r = child(2);
     assert.equal(r.status, 130, r.stderr);
     assert.equal(r.stdout, '');
+  });
+});
+
+describe('runInNetns: how a command ended', () => {
+  it('a command a signal ended (a terminal\'s Ctrl-C reaches it too) is told as interrupted, not as an empty output', async () => {
+    const r = await runInNetns(CURRENT_NETNS, ['sh', '-c', 'echo part; kill -INT $$']);
+    assert.equal(r.code, 130);
+    assert.match(r.stderr, /^interrupted \(SIGINT\)/);
+    assert.equal(r.stdout, 'part\n');
+    const missing = await runInNetns(CURRENT_NETNS, ['svt-no-such-tool']);
+    assert.equal(missing.code, 127);
+    assert.match(missing.stderr, /not installed/);
+    assert.equal((await runInNetns(CURRENT_NETNS, ['sh', '-c', 'exit 3'])).code, 3);
   });
 });
 

@@ -11,6 +11,8 @@ import type WebSocket from 'ws';
 import { StreamServer } from '../../src/stream/server';
 import { Relay } from '../../src/relay/relay';
 import { AgentLink } from '../../src/relay/agent-link';
+import { WebSocketServer } from 'ws';
+import { SILENT_CLOSE } from '../../src/client/client';
 import net from 'node:net';
 import { upstreamRequest } from '../../src/relay/upstream';
 import { agentUrl, parseAgentsService } from '../../src/cli/commands/relay';
@@ -315,7 +317,54 @@ describe('relay: a node server that goes silent', () => {
     }
   });
 
-  it('a client holding its reading is not taken as silent; one that is let go of is', async () => {
+  /** A WebSocket server that says Hello and then nothing: no Status, no pong. */
+  async function helloThenNothing(): Promise<{ url: string; closedBySide: () => number; close(): Promise<void> }> {
+    const wss = new WebSocketServer({ host: '127.0.0.1', port: 0 });
+    await new Promise<void>((r) => wss.once('listening', () => r()));
+    let closed = 0;
+    wss.on('connection', (ws) => {
+      ws.send(pb.ServerMessage.encode({ hello: { serverVersion: 'test', node: 'mute' } }).finish());
+      ws.on('close', () => closed++);
+    });
+    return {
+      url: `ws://127.0.0.1:${(wss.address() as net.AddressInfo).port}/v1/events`,
+      closedBySide: () => closed,
+      close: () => new Promise<void>((r) => wss.close(() => r())),
+    };
+  }
+
+  it('a plain client: silence is told once, as SILENT_CLOSE with its reason, and the socket let go of', async () => {
+    const mute = await helloThenNothing();
+    const closes: Array<[number, string]> = [];
+    try {
+      const client = await connect({ url: mute.url, silenceLimitMs: 300 }, { close: (code, reason) => closes.push([code, reason]) });
+      assert.ok(client.hello);
+      assert.ok(await waitFor(() => closes.length > 0, 5000), 'silence noticed');
+      assert.ok(await waitFor(() => mute.closedBySide() === 1, 5000), 'the server saw the socket go');
+      await new Promise((r) => setTimeout(r, 300));
+      assert.deepEqual(closes, [[SILENT_CLOSE, 'no message from the server for 0.3 s: connection presumed dead']]);
+    } finally {
+      await mute.close();
+    }
+  });
+
+  it('a filter the server never confirms: connect fails, the socket is let go of, and no close is told after the failure', async () => {
+    const mute = await helloThenNothing();
+    const closes: number[] = [];
+    try {
+      await assert.rejects(
+        connect({ url: mute.url, filter: { services: ['10.96.0.100:80/tcp'] } }, { close: (code) => closes.push(code) }),
+        (e: Error & { code?: string }) => e.code === 'TIMEOUT',
+      );
+      assert.ok(await waitFor(() => mute.closedBySide() === 1, 5000), 'the server saw the socket go');
+      await new Promise((r) => setTimeout(r, 200));
+      assert.deepEqual(closes, [], 'the rejection alone tells the end');
+    } finally {
+      await mute.close();
+    }
+  });
+
+  it('a client holding its reading is not taken as silent; released, the Status keeps it alive', async () => {
     const node = await StreamServer.start({ ...syntheticSource(), node: 'node-h' }, { listen: '127.0.0.1:0', limits: { statusEveryMs: 100 } });
     const url = `ws://127.0.0.1:${node.address().port}/v1/events`;
     const closes: string[] = [];

@@ -160,7 +160,8 @@ describe('stream server', () => {
   });
 
   it('a client closed as too slow gets a last Status first: what it read and what that Status says it missed add up to what it was offered', async () => {
-    const tight = await StreamServer.start(syntheticSource(), { listen: '127.0.0.1:0', limits: { stuckAfterMs: 300, maxQueueBytes: 128 * 1024, highWaterBytes: 64 * 1024 } });
+    // (A long grace: a loaded machine's client reads its backlog before the socket is cut.)
+    const tight = await StreamServer.start(syntheticSource(), { listen: '127.0.0.1:0', limits: { stuckAfterMs: 300, maxQueueBytes: 128 * 1024, highWaterBytes: 64 * 1024, closeGraceMs: 15_000 } });
     const c = new RawClient(tight.url());
     c.keepEvents = false;
     try {
