@@ -107,9 +107,12 @@ export async function runDemo(opts: { requests: number; out?: NodeJS.WritableStr
     say(`  pods' own logs: ${lab.pods.map((p) => `${p.name}=${lab.served.filter((s) => s.pod === p.name).length}`).join(' ')}`);
   } finally {
     try {
-      await pipeline?.stop();
-      await lab.down();
-      say(`lab torn down (${lab.leftovers().length} namespaces left)`);
+      try {
+        await pipeline?.stop();
+      } finally {
+        await lab.down();
+        say(`lab torn down (${lab.leftovers().length} namespaces left)`);
+      }
     } finally {
       demoDone.abort();
     }

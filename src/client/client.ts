@@ -97,7 +97,8 @@ export class SvctraceClient {
   hello?: pb.IHello;
   lastStatus?: pb.Status;
   private handlers: ClientHandlers = {};
-  private readonly pongs = new Map<string, () => void>();
+  /** Pings waiting for their pong (sync): answered, or failed when the connection ends. */
+  private readonly pongs = new Map<string, { answered: () => void; failed: (e: ClientError) => void }>();
   private nextNonce = 1;
   private lastMessageAt = monoMs();
   /** Reading held (holdReading): silence is this side's doing, not the server's. */
@@ -127,6 +128,7 @@ export class SvctraceClient {
         done = true;
         clearTimeout(connectTimer);
         client.endReported = true; // nothing more is handed over
+        client.failPings();
         reject(e);
         if (drop) client.drop();
       };
@@ -185,9 +187,15 @@ export class SvctraceClient {
     this.silenceTimer = unrefTimer(
       setInterval(
         () => {
-          if (this.holding || monoMs() - this.lastMessageAt <= limitMs) return;
-          this.ended(SILENT_CLOSE, `no message from the server for ${seconds(limitMs)}: connection presumed dead`);
-          this.drop();
+          const silent = () => !this.holding && !this.endReported && monoMs() - this.lastMessageAt > limitMs;
+          if (!silent()) return;
+          // After a stall of this thread, frames may be waiting in the socket:
+          // they are read before a timer of the next turn, which decides.
+          setTimeout(() => {
+            if (!silent()) return;
+            this.ended(SILENT_CLOSE, `no message from the server for ${seconds(limitMs)}: connection presumed dead`);
+            this.drop();
+          }, 0);
         },
         Math.min(1000, Math.max(10, limitMs / 4)),
       ),
@@ -199,7 +207,15 @@ export class SvctraceClient {
     if (this.endReported) return;
     this.endReported = true;
     clearInterval(this.silenceTimer);
+    this.failPings();
     this.handlers.close?.(code, reason);
+  }
+
+  /** Pings that will get no pong now: their sync() fails at once (its timer does not hold Node open). */
+  private failPings(): void {
+    const waiting = [...this.pongs.values()];
+    this.pongs.clear();
+    for (const p of waiting) p.failed(new ClientError('the connection ended', 'CLOSED'));
   }
 
   /** Lets go of the socket without a closing handshake where it can (a dead peer never answers one). */
@@ -234,7 +250,7 @@ export class SvctraceClient {
         break;
       case 'pong': {
         const key = String(msg.pong?.nonce ?? 0);
-        this.pongs.get(key)?.();
+        this.pongs.get(key)?.answered();
         this.pongs.delete(key);
         break;
       }
@@ -296,10 +312,17 @@ export class SvctraceClient {
           reject(new ClientError('no answer from the server', 'TIMEOUT'));
         }, timeoutMs),
       );
-      this.pongs.set(String(nonce), () => {
-        clearTimeout(t);
-        resolve();
+      this.pongs.set(String(nonce), {
+        answered: () => {
+          clearTimeout(t);
+          resolve();
+        },
+        failed: (e) => {
+          clearTimeout(t);
+          reject(e);
+        },
       });
+      if (this.endReported) return this.failPings();
       this.ping(nonce);
     });
   }

@@ -59,7 +59,7 @@ export async function discover(netnsPath: string = CURRENT_NETNS): Promise<Disco
 /**
  * The command itself is absent: nsenter could not execute it (127, "failed
  * to execute"), or execFile could not (ENOENT, "not installed"). A command
- * that was killed (a timeout) also reads 127, and is not this.
+ * a signal ended (a timeout, a Ctrl-C) reads 128 + the signal, not this.
  */
 const notInstalled = (r: { code: number; stderr: string }) => r.code === 127 && /failed to execute|not installed/.test(r.stderr);
 

@@ -66,16 +66,28 @@ let stopping = false;
  * recording's trailer with its loss counters). A third one quits at once,
  * its 'exit' hooks run (the lab's teardown: the default action skipped them).
  */
-function stoppingOnSignal(): void {
+function stoppingOnSignal(alreadyAnswered = false): void {
   if (stopping) return;
   stopping = true;
-  let answered = false;
+  let answered = alreadyAnswered;
   const again = (signal: NodeJS.Signals) => {
     if (answered) exitOnSignal(signal);
     answered = true;
     process.stderr.write('svctrace: stopping: writing what is left (the last events, a recording\'s trailer, the lab\'s teardown); Ctrl-C again quits at once and loses them\n');
   };
   for (const s of STOP_SIGNALS) process.on(s, again);
+  removeStopping = () => {
+    for (const s of STOP_SIGNALS) process.off(s, again);
+    stopping = false;
+  };
+}
+
+let removeStopping: (() => void) | undefined;
+
+/** Tests only: forgets that a command is stopping (its handler for the next signals removed). */
+export function resetStoppingForTests(): void {
+  removeStopping?.();
+  removeStopping = undefined;
 }
 
 /** A stop signal came while deferStopSignals held them: the next waitForStop returns at once. */
@@ -160,8 +172,10 @@ export function waitForStop(seconds: number | undefined, abort?: AbortSignal): P
       deferral = undefined;
     }
     if (stopAskedEarly) {
+      // The deferral answered that signal already, and said the next one quits.
       stopAskedEarly = false;
-      return onSignal();
+      stoppingOnSignal(true);
+      return finish('signal');
     }
     if (abort?.aborted) return finish('aborted');
     if (stdoutGone.signal.aborted) return finish('signal');

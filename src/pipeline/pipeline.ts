@@ -45,6 +45,13 @@ import { Sink, SinkSet } from './sink';
 const BACKEND_NETNS_MAX = 4096;
 
 export interface PipelineOptions {
+  /**
+   * A command's pipeline: a Ctrl-C while it starts stops it once started
+   * (see deferStopSignals), for the command's waitForStop to answer. Not
+   * for a pipeline used as a library (tests, benches): their process's
+   * signals are theirs.
+   */
+  holdSignalsWhileStarting?: boolean;
   /** The services to trace (at least one); an event's service id is its index here plus one (flows/service-ids). */
   services: ServiceSpec[];
   /** Namespaces (names or paths) to attach in; default: svctrace's own. The first is the node's: its rules are discovered. */
@@ -180,7 +187,7 @@ export class Pipeline {
     // its default action killed the process with a marker table left in the
     // node's namespace and a recording holding only its header. The
     // command's waitForStop takes the signal over (stop() lets go otherwise).
-    const releaseSignals = deferStopSignals('stopping once tracing has started, so that it ends cleanly');
+    const releaseSignals = opts.holdSignalsWhileStarting ? deferStopSignals('stopping once tracing has started, so that it ends cleanly') : () => undefined;
     try {
       const p = await Pipeline.startNow(opts, makeSinks);
       p.releaseSignals = releaseSignals;

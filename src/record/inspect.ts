@@ -93,8 +93,8 @@ const SUMMARIZED_IDS_PER_OPEN_FLOW = 4;
 
 /** Services, and backends (of all services), listed one by one; the rest share a line. */
 const MAX_LINES = 4096;
-/** Kinds of drop listed per service; the rest share one. */
-const MAX_DROP_KINDS = 256;
+/** Kinds of drop listed (all services'); the rest share one. */
+const MAX_DROP_KINDS = 1024;
 
 /** What inspect says of one Service: flows per backend, drops by kind (flows with one), resets. */
 interface ServiceSeen {
@@ -116,6 +116,7 @@ export function inspect(path: string, name = path, maxOpenFlows = INSPECT_MAX_OP
   const summarizedOrder = new IdQueue();
   let summarizedEvicted = 0;
   let backendLines = 0; // all services'
+  let dropLines = 0; // all services'
   let seenAgain = 0;
   const summarize = (id: string, f: FlowSeen, remember = true) => {
     flows.delete(id);
@@ -131,7 +132,10 @@ export function inspect(path: string, name = path, maxOpenFlows = INSPECT_MAX_OP
     }
     svc.perBackend.set(k, (svc.perBackend.get(k) ?? 0) + 1);
     for (let d of f.drops ?? []) {
-      if (!svc.drops.has(d) && svc.drops.size >= MAX_DROP_KINDS) d = '(other drops)';
+      if (!svc.drops.has(d)) {
+        if (dropLines >= MAX_DROP_KINDS) d = '(other drops)';
+        else dropLines++;
+      }
       svc.drops.set(d, (svc.drops.get(d) ?? 0) + 1);
     }
     if (f.reset) svc.resets++;
@@ -164,7 +168,7 @@ export function inspect(path: string, name = path, maxOpenFlows = INSPECT_MAX_OP
       if (e.backend) f.backend = e.backend;
       if (e.backendNetns) f.backendNetns = e.backendNetns;
       if (e.kind === pb.EventKind.EVENT_KIND_DROP && !e.benignDrop && e.dropReasonName) {
-        const d = dropName(e.dropReasonName, e.dropLocation);
+        const d = dropName(e.dropReasonName, e.dropLocation).slice(0, 200); // a crafted name may be any length
         f.drops ??= [];
         if (!f.drops.includes(d) && f.drops.length < 16) f.drops.push(d);
       }

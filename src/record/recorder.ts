@@ -85,6 +85,7 @@ export async function record(opts: RecordOptions): Promise<pb.IRecordingTrailer>
       statsIntervalMs: opts.statsIntervalMs,
       detailRate: opts.detailRate,
       onWarning: opts.onWarning,
+      holdSignalsWhileStarting: true, // it waits for the stop signals itself, below
     },
     async (ctx) => {
       const writer = createWriter(opts.path, opts.overwrite);

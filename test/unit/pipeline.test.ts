@@ -5,7 +5,7 @@ import { staleMarkerTables } from '../../src/pipeline/rule-marker';
 import { LiveDiagnoser, MAX_PENDING } from '../../src/explain/live';
 import assert from 'node:assert/strict';
 import { SinkSet, Sink } from '../../src/pipeline/sink';
-import { deferStopSignals, waitForStop } from '../../src/pipeline/lifecycle';
+import { deferStopSignals, resetStoppingForTests, waitForStop } from '../../src/pipeline/lifecycle';
 import { serviceById, serviceIdsOf, serviceLabel, serviceLabelById } from '../../src/flows/service-ids';
 import { argvInNetns, CURRENT_NETNS, runInNetns } from '../../src/netns/netns';
 import { parseNodePortSpec, parseServiceSpec } from '../../src/net/ipv4';
@@ -112,6 +112,8 @@ describe('waitForStop', () => {
     assert.match(said, /stopping: writing what is left/);
     assert.equal(process.listenerCount('SIGHUP'), before + 1);
     assert.equal(process.listenerCount('SIGINT'), intBefore + 1);
+    resetStoppingForTests(); // (the next signal would exit this process)
+    assert.equal(process.listenerCount('SIGINT'), intBefore);
   });
 });
 

@@ -368,13 +368,13 @@ describe('relay: a node server that goes silent', () => {
     const node = await StreamServer.start({ ...syntheticSource(), node: 'node-h' }, { listen: '127.0.0.1:0', limits: { statusEveryMs: 100 } });
     const url = `ws://127.0.0.1:${node.address().port}/v1/events`;
     const closes: string[] = [];
-    const client = await connect({ url, silenceLimitMs: 400 }, { close: (code, reason) => closes.push(`${code}: ${reason}`) });
+    const client = await connect({ url, silenceLimitMs: 1000 }, { close: (code, reason) => closes.push(`${code}: ${reason}`) });
     try {
       assert.ok(client.holdReading());
-      await new Promise((r) => setTimeout(r, 1200));
+      await new Promise((r) => setTimeout(r, 2500));
       assert.deepEqual(closes, [], 'held: no silence counted');
       client.releaseReading();
-      await new Promise((r) => setTimeout(r, 600));
+      await new Promise((r) => setTimeout(r, 1500));
       assert.deepEqual(closes, [], 'released: the Status every 100 ms keeps it alive');
     } finally {
       client.close();

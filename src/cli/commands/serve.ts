@@ -45,7 +45,7 @@ export function registerServe(program: Command): void {
       let server: StreamServer | undefined;
       let metrics: ServiceMetrics | undefined;
       const memory = new MemoryWatch();
-      const pipeline = await Pipeline.start(selectionOf(opts, services), async (ctx) => {
+      const pipeline = await Pipeline.start({ ...selectionOf(opts, services), holdSignalsWhileStarting: true }, async (ctx) => {
         const source = ctx.hubSource();
         const rules = rulesFor(services, ctx.discovery);
         source.rules = rules.rules;

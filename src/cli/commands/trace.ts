@@ -26,7 +26,7 @@ export function registerTrace(program: Command): void {
       const services = await servicesFrom(opts);
       const duration = parseDuration(opts.duration);
       const write = (s: string) => process.stdout.write(s);
-      const pipeline = await Pipeline.start({ ...selectionOf(opts, services), snaplen }, (ctx) => {
+      const pipeline = await Pipeline.start({ ...selectionOf(opts, services), snaplen, holdSignalsWhileStarting: true }, (ctx) => {
         // Classic failures seen live, next to the timelines or flows; in JSON as {"diagnosis": ...} lines.
         const diagnoser = liveDiagnoserSink(services, ctx.discovery, ctx.netns[0]!, (ds) =>
           write(
