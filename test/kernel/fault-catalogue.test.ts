@@ -19,6 +19,7 @@ import path from 'node:path';
 import { kernelTest, IS_ROOT, netfilterLinks, sleep } from '../helpers/kernel';
 import { TIME_SCALE, waitFor } from '../helpers/flows';
 import { Lab } from '../../src/lab/lab';
+import { runIn } from '../../src/lab/exec';
 import { readKernelConfig } from '../../src/doctor/kernel-config';
 import { Expected, Fault, FAULTS, FaultTool, HEALTHY, NOT_COVERED, targetOf } from '../../src/lab/faults';
 import { explain } from '../../src/explain/explain';
@@ -188,6 +189,10 @@ for (const mode of MODES) {
           said.probe = probed.flatMap((e) => e.diagnoses);
           // What the probe found per backend goes with any failure (its outcome, the neighbour, who holds the address).
           probedBackends = JSON.stringify(probed.map((e) => ({ target: e.target, backends: e.backends.map((b) => ({ at: `${b.ip}:${b.port}`, probe: b.probe, neighbour: b.neighbour.state, holder: b.holder, route: b.route.ok ? 'ok' : b.route.error })) })));
+          // The node's neighbours in every state (ip's default view hides NOARP
+          // and NONE entries) and the pods' link flags, as the probe left them.
+          probedBackends += `\nnode neighbours after the probe: ${(await runIn(lab.nodeNetns, ['ip', '-s', 'neigh', 'show', 'nud', 'all'], { allowFail: true })).stdout.trim().replace(/\n/g, ' | ')}`;
+          for (const pod of lab.pods) probedBackends += `\n${pod.name}: ${(await runIn(pod.netns, ['ip', '-o', 'link', 'show', 'eth0'], { allowFail: true })).stdout.trim()}`;
           const linksBefore = netfilterLinks().length;
           trace = traceCli(lab.nodeNetns, target);
           assert.ok(await trace.started, 'trace started');
