@@ -31,6 +31,7 @@ void InFlight::Done() {
   {
     std::lock_guard<std::mutex> lock(mu);
     if (count) count--;
+    returned++;
   }
   cv.notify_all();
 }
@@ -84,12 +85,23 @@ uint32_t BatchSink::in_flight() const {
   return in_flight_->count;
 }
 
+uint64_t BatchSink::handed() const {
+  std::lock_guard<std::mutex> lock(in_flight_->mu);
+  return in_flight_->handed;
+}
+
+uint64_t BatchSink::returned() const {
+  std::lock_guard<std::mutex> lock(in_flight_->mu);
+  return in_flight_->returned;
+}
+
 bool BatchSink::Flush() {
   if (pending_.count == 0 || closed_) return true;
   {
     std::lock_guard<std::mutex> lock(in_flight_->mu);
     if (in_flight_->count >= kMaxInFlight) return false;
     in_flight_->count++;
+    in_flight_->handed++;
   }
   auto* batch = new Batch(std::move(pending_));
   batch->in_flight = in_flight_;

@@ -27,6 +27,10 @@ struct InFlight {
   std::mutex mu;
   std::condition_variable cv;
   uint32_t count = 0;
+  // Batches handed over since the start, and returned (under mu): a drain
+  // waits until `returned` reaches what `handed` was when it asked.
+  uint64_t handed = 0;
+  uint64_t returned = 0;
   void Done();
   // Record buffers of delivered batches, reused by the producer: a fresh
   // 256 KiB buffer per batch was a fresh mapping, its page faults, and an
@@ -85,6 +89,9 @@ class BatchSink {
 
   uint32_t pending() const { return pending_.count; }
   uint32_t in_flight() const;
+  // Batches handed to JS so far, and how many of them JS has returned.
+  uint64_t handed() const;
+  uint64_t returned() const;
   uint64_t batches() const { return batches_.load(); }
   uint64_t lost_at_close() const { return lost_at_close_.load(); }
 

@@ -6,8 +6,10 @@
 #include <libmnl/libmnl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <vector>
@@ -84,10 +86,13 @@ NetlinkListener::NetlinkListener(Napi::Env env, const std::string& netns_path, u
 NetlinkListener::~NetlinkListener() {
   Stop();
   if (nl_) mnl_socket_close(nl_);
+  if (wake_fd_ >= 0) close(wake_fd_);
 }
 
 void NetlinkListener::Start(Napi::Env env, Napi::Function on_batch, const char* name) {
   if (sink_) return;
+  // Without it a drain's flush waits for the next poll timeout (kPollMs): slower, not wrong.
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   sink_ = std::make_unique<BatchSink>(env, on_batch, name, Channel::kNetlink);
   // Named for `top -H` on a busy node: the kernel keeps 15 characters.
   std::string thread_name = name;
@@ -121,6 +126,24 @@ uint64_t NetlinkListener::overruns() const {
   return errors;
 }
 
+void NetlinkListener::AskFlush(uint64_t gen) {
+  if (!sink_ || !thread_.joinable()) return;
+  uint64_t had = flush_asked_.load();
+  while (had < gen && !flush_asked_.compare_exchange_weak(had, gen)) {
+  }
+  if (wake_fd_ >= 0) {
+    uint64_t one = 1;
+    ssize_t w = write(wake_fd_, &one, sizeof(one));
+    (void)w;  // a full counter already wakes the thread
+  }
+}
+
+bool NetlinkListener::Flushed(uint64_t gen) const {
+  if (!sink_ || flush_asked_.load() < gen) return true;
+  if (flush_done_.load(std::memory_order_acquire) < gen) return false;
+  return sink_->returned() >= flush_handed_.load();
+}
+
 int NetlinkListener::socket_fd() const { return mnl_socket_get_fd(nl_); }
 
 void NetlinkListener::Emit(const void* record, size_t size) {
@@ -132,14 +155,36 @@ void NetlinkListener::Run() {
   ReadSlots slots;
   int fd = mnl_socket_get_fd(nl_);
   while (!stop_.load()) {
+    const uint64_t asked = flush_asked_.load();
+    const bool flushing = asked > flush_done_.load(std::memory_order_relaxed);
     if (sink_->Full() && !sink_->Flush()) {
       // JS is behind: leave messages in the socket; what it cannot hold the
       // kernel reports as ENOBUFS, counted in overruns().
       sink_->WaitForRoom(std::chrono::milliseconds(kPollMs));
       continue;
     }
-    struct pollfd pfd = {fd, POLLIN, 0};
-    int pr = poll(&pfd, 1, sink_->pending() ? 2 : kPollMs);
+    if (flushing) {
+      // A drain asked (AskFlush): what the socket holds now goes to JS now.
+      while (!sink_->Full()) {
+        if (ReadOnce(fd, slots) < kReadBatch) break;
+      }
+      if (sink_->Full()) continue;  // handed over at the top, then read on
+      if (!sink_->Flush()) {
+        sink_->WaitForRoom(std::chrono::milliseconds(kPollMs));
+        continue;
+      }
+      flush_handed_.store(sink_->handed());
+      flush_done_.store(asked, std::memory_order_release);
+      continue;
+    }
+    struct pollfd pfds[2] = {{fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    int pr = poll(pfds, wake_fd_ >= 0 ? 2 : 1, sink_->pending() ? 2 : kPollMs);
+    if (pr > 0 && (pfds[1].revents & POLLIN)) {
+      uint64_t n;
+      ssize_t r = read(wake_fd_, &n, sizeof(n));
+      (void)r;  // cleared, or already cleared: the flush is seen at the top
+      continue;
+    }
     if (pr > 0) {
       // Drain what is queued (while the batch has room), then flush once.
       bool got = false;
@@ -149,7 +194,7 @@ void NetlinkListener::Run() {
         if (n < kReadBatch) break;  // the socket held no more
       }
       if (sink_->Due()) sink_->Flush();
-      if (got && !stop_.load()) std::this_thread::sleep_for(kGather);
+      if (got && !stop_.load() && flush_asked_.load() == asked) std::this_thread::sleep_for(kGather);
       continue;
     }
     if (sink_->Due()) sink_->Flush();

@@ -39,6 +39,16 @@ class NetlinkListener {
   // Records read but not handed to JS when the listener stopped.
   uint64_t lost_at_close() const { return sink_ ? sink_->lost_at_close() : 0; }
 
+  // A drain at stop (JS thread): asks the listener to read everything its
+  // socket holds now and hand it to JS at once, without the gather delay;
+  // Flushed(gen) is true once that is done and JS has returned every batch
+  // handed over up to then. Without it a stop counted the last few ms of
+  // destroys (the pending batch and the socket's queue) as lost at shutdown.
+  // `gen` grows with each drain; a listener started after the ask, or never
+  // started, has nothing owed.
+  void AskFlush(uint64_t gen);
+  bool Flushed(uint64_t gen) const;
+
  protected:
   // Opens a NETLINK_NETFILTER socket in `netns_path` joined to `group`
   // (an NFNLGRP_* number); throws a JS error on failure.
@@ -67,6 +77,13 @@ class NetlinkListener {
   std::atomic<uint64_t> events_{0};
   std::atomic<uint64_t> overruns_{0};
   std::atomic<uint64_t> messages_read_{0};
+  // AskFlush's generation, the last one done, and the sink's handed() when
+  // it was done (written before flush_done_, read after it).
+  std::atomic<uint64_t> flush_asked_{0};
+  std::atomic<uint64_t> flush_done_{0};
+  std::atomic<uint64_t> flush_handed_{0};
+  // Wakes the thread from its poll when a flush is asked (eventfd).
+  int wake_fd_ = -1;
 };
 
 // CLOCK_MONOTONIC in ns: the clock bpf_ktime_get_ns() reads.

@@ -91,6 +91,8 @@ Napi::Function Tracer::Init(Napi::Env env) {
                          InstanceMethod("start", &Tracer::Start),
                          InstanceMethod("stats", &Tracer::Stats),
                          InstanceMethod("deliveryIdle", &Tracer::DeliveryIdle),
+                         InstanceMethod("flushListeners", &Tracer::FlushListeners),
+                         InstanceMethod("listenersFlushed", &Tracer::ListenersFlushed),
                          InstanceMethod("close", &Tracer::Close),
                          InstanceMethod("benchEmit", &Tracer::BenchEmit),
                          InstanceMethod("traceRules", &Tracer::TraceRules),
@@ -434,6 +436,30 @@ Napi::Value Tracer::DeliveryIdle(const Napi::CallbackInfo& info) {
   RequireLoaded(env, "deliveryIdle");
   const bool idle = !reader_ || (reader_->ring_bytes() == 0 && reader_->pending() == 0 && reader_->in_flight() == 0);
   return Napi::Boolean::New(env, idle);
+}
+
+// flushListeners() -> gen: asks every netlink listener (conntrack destroys,
+// rule traces) to hand JS what its socket holds now, at once (see
+// NetlinkListener::AskFlush). listenersFlushed(gen) -> true once they all
+// have and JS has handled those batches. A drain at stop waits for both.
+Napi::Value Tracer::FlushListeners(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireLoaded(env, "flushListeners");
+  const uint64_t gen = ++listener_flush_gen_;
+  for (auto& l : ct_listeners_) l->AskFlush(gen);
+  for (auto& l : nft_listeners_) l->AskFlush(gen);
+  return Napi::Number::New(env, (double)gen);
+}
+
+Napi::Value Tracer::ListenersFlushed(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireLoaded(env, "listenersFlushed");
+  if (info.Length() < 1 || !info[0].IsNumber()) throw Napi::TypeError::New(env, "listenersFlushed(gen): gen must be a number");
+  const uint64_t gen = (uint64_t)info[0].As<Napi::Number>().Int64Value();
+  bool done = true;
+  for (auto& l : ct_listeners_) done = done && l->Flushed(gen);
+  for (auto& l : nft_listeners_) done = done && l->Flushed(gen);
+  return Napi::Boolean::New(env, done);
 }
 
 Napi::Object Tracer::StatsObject(Napi::Env env) {

@@ -34,6 +34,8 @@ class Tracer : public Napi::ObjectWrap<Tracer> {
   Napi::Value Start(const Napi::CallbackInfo& info);
   Napi::Value Stats(const Napi::CallbackInfo& info);
   Napi::Value DeliveryIdle(const Napi::CallbackInfo& info);
+  Napi::Value FlushListeners(const Napi::CallbackInfo& info);
+  Napi::Value ListenersFlushed(const Napi::CallbackInfo& info);
   Napi::Object StatsObject(Napi::Env env);
   Napi::Value Close(const Napi::CallbackInfo& info);
   Napi::Value BenchEmit(const Napi::CallbackInfo& info);
@@ -70,6 +72,8 @@ class Tracer : public Napi::ObjectWrap<Tracer> {
   std::vector<std::unique_ptr<CtListener>> ct_listeners_;
   std::vector<std::unique_ptr<NftTraceListener>> nft_listeners_;
   Napi::FunctionReference on_batch_;
+  // The last generation asked of the listeners by flushListeners().
+  uint64_t listener_flush_gen_ = 0;
 };
 
 }  // namespace svt

@@ -155,6 +155,10 @@ export interface NativeTracer {
   stats(): NativeStats;
   /** Everything the ring produced so far has reached JS (stats()'s ringBacklogBytes, readerPending and batchesInFlight all 0), without stats()'s syscalls. */
   deliveryIdle(): boolean;
+  /** Asks the netlink listeners (conntrack destroys, rule traces) to hand over what their sockets hold now, at once: a generation for listenersFlushed. */
+  flushListeners(): number;
+  /** Every listener has handed over what it held at flushListeners() returning `gen`, and JS has handled those batches. */
+  listenersFlushed(gen: number): boolean;
   /** The last stats, once the programs are detached and the reader and listeners stopped (readerLostAtClose: what never reached JS); undefined when already closed. */
   close(): NativeStats | undefined;
   /** Reads nftables trace messages in a namespace: batches of struct svt_nftrace. */

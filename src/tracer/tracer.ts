@@ -290,13 +290,17 @@ export class Tracer {
 
   /**
    * Waits until everything the kernel produced so far has reached JS (ring
-   * empty, nothing pending in the reader, no batch in flight), at most
+   * empty, nothing pending in the reader, no batch in flight; what the
+   * netlink listeners had read or had queued in their sockets), at most
    * `timeoutMs`. True when drained.
    */
   async drain(timeoutMs = 2000): Promise<boolean> {
     const end = Date.now() + timeoutMs;
+    // The listeners too: what their sockets hold, and the batch they gather
+    // (a few ms of conntrack destroys), else counted lost at shutdown.
+    const listenersAsked = this.n.flushListeners();
     for (;;) {
-      if (this.ringIdle()) {
+      if (this.ringIdle() && this.n.listenersFlushed(listenersAsked)) {
         this.merge?.release(true);
         return true;
       }
