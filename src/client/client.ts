@@ -50,6 +50,8 @@ export interface ClientOptions {
    * Not counted while reading is held (holdReading).
    */
   silenceLimitMs?: number;
+  /** Aborted before the connect settles: it fails (ABORTED) and the socket is let go at once. */
+  signal?: AbortSignal;
 }
 
 /** The close code `close` reports when the client gave up on a silent server (silenceLimitMs); not a code the server sends. */
@@ -127,15 +129,18 @@ export class SvctraceClient {
         if (done) return;
         done = true;
         clearTimeout(connectTimer);
+        opts.signal?.removeEventListener('abort', onAbort);
         client.endReported = true; // nothing more is handed over
         client.failPings();
         reject(e);
         if (drop) client.drop();
       };
+      const onAbort = (): void => fail(new ClientError(`connecting to ${opts.url}: cancelled`, 'ABORTED'), true);
       const succeed = (): void => {
         if (done) return;
         done = true;
         clearTimeout(connectTimer);
+        opts.signal?.removeEventListener('abort', onAbort);
         if (opts.silenceLimitMs) client.watchSilence(opts.silenceLimitMs);
         resolve(client);
       };
@@ -179,6 +184,9 @@ export class SvctraceClient {
         }
         client.dispatch(msg);
       };
+      // Last, once the socket's handlers are set: an abort lets go of it, and ws then reports an error.
+      if (opts.signal?.aborted) onAbort();
+      else opts.signal?.addEventListener('abort', onAbort, { once: true });
     });
   }
 

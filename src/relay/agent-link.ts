@@ -154,9 +154,13 @@ export class AgentLink {
         if (e.code === 'BAD_FRAME') this.badFrames++;
       },
     };
+    // stop() cancels a connect under way (a node that takes no answer holds it for connectTimeoutMs).
+    const connecting = new AbortController();
+    this.connecting = connecting;
     try {
       const client = await SvctraceClient.connect(
         {
+          signal: connecting.signal,
           url: this.opts.url,
           token: this.opts.token,
           WebSocket: this.WebSocketImpl,
@@ -178,8 +182,12 @@ export class AgentLink {
       this.sinks.changed(this);
     } catch (e) {
       this.lost(e instanceof Error ? e.message : String(e));
+    } finally {
+      if (this.connecting === connecting) this.connecting = undefined;
     }
   }
+
+  private connecting?: AbortController;
 
   private seen(): void {
     this.lastMessageAt = Date.now();
@@ -275,6 +283,7 @@ export class AgentLink {
   stop(): void {
     this.stopped = true;
     if (this.retry) clearTimeout(this.retry);
+    this.connecting?.abort();
     this.client?.close();
   }
 }

@@ -317,6 +317,64 @@ describe('relay: a node server that goes silent', () => {
     }
   });
 
+  it('stop() during a connect under way lets the socket go at once, reporting nothing', async () => {
+    const sockets: net.Socket[] = [];
+    let closedBySide = 0;
+    const mute = net.createServer((s) => {
+      sockets.push(s);
+      s.resume(); // reads, so the client's end is seen
+      s.on('error', () => undefined);
+      s.on('close', () => closedBySide++);
+    });
+    await new Promise<void>((r) => mute.listen(0, '127.0.0.1', r));
+    const port = (mute.address() as net.AddressInfo).port;
+    const states: string[] = [];
+    const link = new AgentLink(
+      { url: `ws://127.0.0.1:${port}/v1/events`, connectTimeoutMs: 60_000 },
+      { events: () => undefined, flows: () => undefined, diagnosis: () => undefined, changed: (l) => states.push(l.stateName()) },
+    );
+    try {
+      link.start();
+      assert.ok(await waitFor(() => sockets.length === 1, 5000), 'the connect reached the server');
+      link.stop();
+      // Without the cancel, the socket stayed until the connect timeout (60 s here).
+      assert.ok(await waitFor(() => closedBySide === 1, 2000), 'the socket was let go within 2 s of stop()');
+      await new Promise((r) => setTimeout(r, 100));
+      assert.deepEqual(states, [], 'a stop is not a node going down');
+      assert.equal(link.reconnects, 0, 'and is not retried');
+    } finally {
+      link.stop();
+      for (const s of sockets) s.destroy();
+      await new Promise<void>((r) => mute.close(() => r()));
+    }
+  });
+
+  it('a plain connect aborted by its signal fails as ABORTED and lets the socket go', async () => {
+    let closedBySide = 0;
+    let accepted = 0;
+    const mute = net.createServer((s) => {
+      accepted++;
+      s.resume(); // reads, so the client's end is seen
+      s.on('error', () => undefined);
+      s.on('close', () => closedBySide++);
+    });
+    await new Promise<void>((r) => mute.listen(0, '127.0.0.1', r));
+    const port = (mute.address() as net.AddressInfo).port;
+    try {
+      const ac = new AbortController();
+      const pending = connect({ url: `ws://127.0.0.1:${port}/v1/events`, signal: ac.signal });
+      assert.ok(await waitFor(() => accepted === 1, 5000), 'the connect reached the server');
+      ac.abort();
+      await assert.rejects(pending, (e: Error & { code?: string }) => e.code === 'ABORTED' && /cancelled/.test(e.message));
+      assert.ok(await waitFor(() => closedBySide === 1, 2000), 'the socket was let go');
+      const aborted = new AbortController();
+      aborted.abort();
+      await assert.rejects(connect({ url: `ws://127.0.0.1:${port}/v1/events`, signal: aborted.signal }), (e: Error & { code?: string }) => e.code === 'ABORTED');
+    } finally {
+      await new Promise<void>((r) => mute.close(() => r()));
+    }
+  });
+
   /** A WebSocket server that says Hello and then nothing: no Status, no pong. */
   async function helloThenNothing(): Promise<{ url: string; closedBySide: () => number; close(): Promise<void> }> {
     const wss = new WebSocketServer({ host: '127.0.0.1', port: 0 });
