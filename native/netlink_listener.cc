@@ -144,6 +144,24 @@ bool NetlinkListener::Flushed(uint64_t gen) const {
   return sink_->returned() >= flush_handed_.load();
 }
 
+uint64_t NetlinkListener::QueuedBytes() const {
+  __u32 mem[SK_MEMINFO_VARS] = {};
+  socklen_t len = sizeof(mem);
+  if (getsockopt(mnl_socket_get_fd(nl_), SOL_SOCKET, SO_MEMINFO, mem, &len) == 0 && len > SK_MEMINFO_RMEM_ALLOC * sizeof(__u32))
+    return mem[SK_MEMINFO_RMEM_ALLOC];
+  return UINT64_MAX;  // unknown: read until the socket is empty
+}
+
+void NetlinkListener::WaitForWake(std::chrono::milliseconds max) {
+  if (wake_fd_ < 0) {
+    std::this_thread::sleep_for(max);
+    return;
+  }
+  // The wake stays readable: the next poll of Run() clears it.
+  struct pollfd pfd = {wake_fd_, POLLIN, 0};
+  poll(&pfd, 1, (int)max.count());
+}
+
 int NetlinkListener::socket_fd() const { return mnl_socket_get_fd(nl_); }
 
 void NetlinkListener::Emit(const void* record, size_t size) {
@@ -165,10 +183,19 @@ void NetlinkListener::Run() {
     }
     if (flushing) {
       // A drain asked (AskFlush): what the socket holds now goes to JS now.
-      while (!sink_->Full()) {
-        if (ReadOnce(fd, slots) < kReadBatch) break;
+      // Bounded by what it held at the ask (its queued bytes then: a
+      // message's buffer takes more than the message, so that covers all of
+      // them, and at most about as much again that came after), so a node
+      // whose destroys never stop coming does not hold the drain.
+      if (asked != flushing_gen_) {
+        flushing_gen_ = asked;
+        const uint64_t queued = QueuedBytes();
+        flush_until_ = queued == UINT64_MAX ? UINT64_MAX : bytes_read_ + queued;
       }
-      if (sink_->Full()) continue;  // handed over at the top, then read on
+      while (!sink_->Full() && bytes_read_ < flush_until_) {
+        if (ReadOnce(fd, slots) < kReadBatch) flush_until_ = bytes_read_;  // the socket held no more
+      }
+      if (bytes_read_ < flush_until_) continue;  // the batch is full: handed over at the top, then read on
       if (!sink_->Flush()) {
         sink_->WaitForRoom(std::chrono::milliseconds(kPollMs));
         continue;
@@ -194,7 +221,7 @@ void NetlinkListener::Run() {
         if (n < kReadBatch) break;  // the socket held no more
       }
       if (sink_->Due()) sink_->Flush();
-      if (got && !stop_.load() && flush_asked_.load() == asked) std::this_thread::sleep_for(kGather);
+      if (got && !stop_.load()) WaitForWake(kGather);
       continue;
     }
     if (sink_->Due()) sink_->Flush();
@@ -232,6 +259,7 @@ unsigned NetlinkListener::ReadOnce(int fd, ReadSlots& s) {
       int len = (int)s.msgs[i].msg_len;
       for (; mnl_nlmsg_ok(nlh, len); nlh = mnl_nlmsg_next(nlh, &len)) Handle(nlh);
     }
+    for (int i = 0; i < n; i++) bytes_read_ += s.msgs[i].msg_len;
     messages_read_.fetch_add((unsigned)n, std::memory_order_relaxed);
     return (unsigned)n;
   }

@@ -8,6 +8,7 @@
 #include <sys/socket.h>  // mmsghdr (_GNU_SOURCE: g++ defines it)
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
@@ -69,6 +70,10 @@ class NetlinkListener {
   };
   void Run();
   unsigned ReadOnce(int fd, ReadSlots& slots);
+  // Bytes the socket holds (SO_MEMINFO's receive allocation; UINT64_MAX when unknown).
+  uint64_t QueuedBytes() const;
+  // Sleeps up to `max`, or until AskFlush wakes the thread.
+  void WaitForWake(std::chrono::milliseconds max);
 
   mnl_socket* nl_ = nullptr;
   std::unique_ptr<BatchSink> sink_;
@@ -84,6 +89,11 @@ class NetlinkListener {
   std::atomic<uint64_t> flush_handed_{0};
   // Wakes the thread from its poll when a flush is asked (eventfd).
   int wake_fd_ = -1;
+  // The listener thread's own: bytes of messages read so far, the flush
+  // it is doing, and the bytes read at which that flush is done.
+  uint64_t bytes_read_ = 0;
+  uint64_t flushing_gen_ = 0;
+  uint64_t flush_until_ = 0;
 };
 
 // CLOCK_MONOTONIC in ns: the clock bpf_ktime_get_ns() reads.

@@ -114,6 +114,7 @@ export class SvctraceClient {
   static connect(opts: ClientOptions, handlers: ClientHandlers = {}): Promise<SvctraceClient> {
     const Ctor = opts.WebSocket ?? (globalThis as unknown as { WebSocket?: WebSocketCtor }).WebSocket;
     if (!Ctor) return Promise.reject(new ClientError('no WebSocket implementation: pass one (e.g. the ws package)', 'NO_WEBSOCKET'));
+    if (opts.signal?.aborted) return Promise.reject(new ClientError(`connecting to ${opts.url}: cancelled`, 'ABORTED'));
     const protocols = [SUBPROTOCOL, ...(opts.token ? [`bearer.${opts.token}`] : [])];
     const ws = new Ctor(opts.url, protocols);
     ws.binaryType = 'arraybuffer';
@@ -173,6 +174,7 @@ export class SvctraceClient {
           helloSeen = true;
           client.hello = msg.hello!;
           client.handlers.hello?.(client.hello);
+          if (done) return; // the handler ended it (an abort)
           if (opts.filter || opts.flows) {
             // Resolve once the server applied the filter; a server that does not answer is let go.
             client.subscribe(opts.filter ?? {}, !!opts.flows);
@@ -184,9 +186,7 @@ export class SvctraceClient {
         }
         client.dispatch(msg);
       };
-      // Last, once the socket's handlers are set: an abort lets go of it, and ws then reports an error.
-      if (opts.signal?.aborted) onAbort();
-      else opts.signal?.addEventListener('abort', onAbort, { once: true });
+      opts.signal?.addEventListener('abort', onAbort, { once: true });
     });
   }
 

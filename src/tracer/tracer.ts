@@ -300,7 +300,9 @@ export class Tracer {
     // (a few ms of conntrack destroys), else counted lost at shutdown.
     const listenersAsked = this.n.flushListeners();
     for (;;) {
-      if (this.ringIdle() && this.n.listenersFlushed(listenersAsked)) {
+      // The listeners first: a destroy comes after its flow's packets, whose
+      // records are then in the ring, and the ring idle after it has them.
+      if (this.n.listenersFlushed(listenersAsked) && this.ringIdle()) {
         this.merge?.release(true);
         return true;
       }

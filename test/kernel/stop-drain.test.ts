@@ -47,7 +47,7 @@ describe('stop: what the kernel reported just before reaches the sinks (kernel)'
     await lab?.down();
   });
 
-  kernelTest('conntrack destroys read just before the stop are delivered, none counted lost at shutdown', async () => {
+  kernelTest('conntrack destroys read just before the stop are delivered, none counted lost at shutdown', async (t) => {
     const dns = lab.service('kube-dns');
     const log = new FlowLog();
     const p = await Pipeline.start(
@@ -71,10 +71,15 @@ describe('stop: what the kernel reported just before reaches the sinks (kernel)'
       const del = await runIn(lab.nodeNetns, ['conntrack', '-D', '-p', 'udp', '-d', dns.clusterIP]);
       const deleted = Number(/(\d+) flow entries have been deleted/.exec(del.stderr)?.[1] ?? NaN);
       assert.ok(deleted >= FLOWS, `conntrack deleted the flows' entries: ${del.stderr.trim()}`);
+      const stopAt = Date.now();
       const r = await p.stop();
+      const stopMs = Date.now() - stopAt;
       stopped = true;
       const counts = `losses ${JSON.stringify(r.losses)}; listener lost at close ${r.stats.listenerLostAtClose}, reader ${r.stats.readerLostAtClose}`;
       assert.equal(r.losses.shutdown ?? 0, 0, `nothing lost at shutdown (${counts})`);
+      // The drain got them without waiting out its limit (2 s): the listener was woken and asked.
+      assert.ok(stopMs < 1500, `the stop took ${stopMs} ms`);
+      t.diagnostic(`stop took ${stopMs} ms`);
       // Every flow's end arrived: its destroy, and its final counters.
       for (const port of ports) {
         const f = log.flowByClientPort(port)!;

@@ -352,8 +352,10 @@ describe('relay: a node server that goes silent', () => {
   it('a plain connect aborted by its signal fails as ABORTED and lets the socket go', async () => {
     let closedBySide = 0;
     let accepted = 0;
+    const sockets: net.Socket[] = [];
     const mute = net.createServer((s) => {
       accepted++;
+      sockets.push(s);
       s.resume(); // reads, so the client's end is seen
       s.on('error', () => undefined);
       s.on('close', () => closedBySide++);
@@ -362,15 +364,19 @@ describe('relay: a node server that goes silent', () => {
     const port = (mute.address() as net.AddressInfo).port;
     try {
       const ac = new AbortController();
-      const pending = connect({ url: `ws://127.0.0.1:${port}/v1/events`, signal: ac.signal });
+      // A timeout, so that a cancel that does nothing fails the test instead of hanging it.
+      const pending = connect({ url: `ws://127.0.0.1:${port}/v1/events`, signal: ac.signal, connectTimeoutMs: 5000 });
       assert.ok(await waitFor(() => accepted === 1, 5000), 'the connect reached the server');
       ac.abort();
       await assert.rejects(pending, (e: Error & { code?: string }) => e.code === 'ABORTED' && /cancelled/.test(e.message));
       assert.ok(await waitFor(() => closedBySide === 1, 2000), 'the socket was let go');
       const aborted = new AbortController();
       aborted.abort();
-      await assert.rejects(connect({ url: `ws://127.0.0.1:${port}/v1/events`, signal: aborted.signal }), (e: Error & { code?: string }) => e.code === 'ABORTED');
+      await assert.rejects(connect({ url: `ws://127.0.0.1:${port}/v1/events`, signal: aborted.signal, connectTimeoutMs: 5000 }), (e: Error & { code?: string }) => e.code === 'ABORTED');
+      await new Promise((r) => setTimeout(r, 100));
+      assert.equal(accepted, 1, 'a signal aborted already opens no connection');
     } finally {
+      for (const s of sockets) s.destroy();
       await new Promise<void>((r) => mute.close(() => r()));
     }
   });
