@@ -317,67 +317,67 @@ describe('relay: a node server that goes silent', () => {
     }
   });
 
-  it('stop() during a connect under way lets the socket go at once, reporting nothing', async () => {
+  /** A TCP server that takes connections and never answers (no HTTP upgrade), counting what it accepted and saw closed. */
+  async function muteTcp(): Promise<{ url: string; accepted: () => number; closedBySide: () => number; close(): Promise<void> }> {
     const sockets: net.Socket[] = [];
-    let closedBySide = 0;
-    const mute = net.createServer((s) => {
+    let closed = 0;
+    const server = net.createServer((s) => {
       sockets.push(s);
       s.resume(); // reads, so the client's end is seen
       s.on('error', () => undefined);
-      s.on('close', () => closedBySide++);
+      s.on('close', () => closed++);
     });
-    await new Promise<void>((r) => mute.listen(0, '127.0.0.1', r));
-    const port = (mute.address() as net.AddressInfo).port;
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    return {
+      url: `ws://127.0.0.1:${(server.address() as net.AddressInfo).port}/v1/events`,
+      accepted: () => sockets.length,
+      closedBySide: () => closed,
+      close: async () => {
+        for (const s of sockets) s.destroy();
+        await new Promise<void>((r) => server.close(() => r()));
+      },
+    };
+  }
+
+  it('stop() during a connect under way lets the socket go at once, reporting nothing', async () => {
+    const mute = await muteTcp();
     const states: string[] = [];
     const link = new AgentLink(
-      { url: `ws://127.0.0.1:${port}/v1/events`, connectTimeoutMs: 60_000 },
+      { url: mute.url, connectTimeoutMs: 60_000 },
       { events: () => undefined, flows: () => undefined, diagnosis: () => undefined, changed: (l) => states.push(l.stateName()) },
     );
     try {
       link.start();
-      assert.ok(await waitFor(() => sockets.length === 1, 5000), 'the connect reached the server');
+      assert.ok(await waitFor(() => mute.accepted() === 1, 5000), 'the connect reached the server');
       link.stop();
       // Without the cancel, the socket stayed until the connect timeout (60 s here).
-      assert.ok(await waitFor(() => closedBySide === 1, 2000), 'the socket was let go within 2 s of stop()');
+      assert.ok(await waitFor(() => mute.closedBySide() === 1, 2000), 'the socket was let go within 2 s of stop()');
       await new Promise((r) => setTimeout(r, 100));
       assert.deepEqual(states, [], 'a stop is not a node going down');
       assert.equal(link.reconnects, 0, 'and is not retried');
     } finally {
       link.stop();
-      for (const s of sockets) s.destroy();
-      await new Promise<void>((r) => mute.close(() => r()));
+      await mute.close();
     }
   });
 
   it('a plain connect aborted by its signal fails as ABORTED and lets the socket go', async () => {
-    let closedBySide = 0;
-    let accepted = 0;
-    const sockets: net.Socket[] = [];
-    const mute = net.createServer((s) => {
-      accepted++;
-      sockets.push(s);
-      s.resume(); // reads, so the client's end is seen
-      s.on('error', () => undefined);
-      s.on('close', () => closedBySide++);
-    });
-    await new Promise<void>((r) => mute.listen(0, '127.0.0.1', r));
-    const port = (mute.address() as net.AddressInfo).port;
+    const mute = await muteTcp();
     try {
       const ac = new AbortController();
       // A timeout, so that a cancel that does nothing fails the test instead of hanging it.
-      const pending = connect({ url: `ws://127.0.0.1:${port}/v1/events`, signal: ac.signal, connectTimeoutMs: 5000 });
-      assert.ok(await waitFor(() => accepted === 1, 5000), 'the connect reached the server');
+      const pending = connect({ url: mute.url, signal: ac.signal, connectTimeoutMs: 5000 });
+      assert.ok(await waitFor(() => mute.accepted() === 1, 5000), 'the connect reached the server');
       ac.abort();
       await assert.rejects(pending, (e: Error & { code?: string }) => e.code === 'ABORTED' && /cancelled/.test(e.message));
-      assert.ok(await waitFor(() => closedBySide === 1, 2000), 'the socket was let go');
+      assert.ok(await waitFor(() => mute.closedBySide() === 1, 2000), 'the socket was let go');
       const aborted = new AbortController();
       aborted.abort();
-      await assert.rejects(connect({ url: `ws://127.0.0.1:${port}/v1/events`, signal: aborted.signal, connectTimeoutMs: 5000 }), (e: Error & { code?: string }) => e.code === 'ABORTED');
+      await assert.rejects(connect({ url: mute.url, signal: aborted.signal, connectTimeoutMs: 5000 }), (e: Error & { code?: string }) => e.code === 'ABORTED');
       await new Promise((r) => setTimeout(r, 100));
-      assert.equal(accepted, 1, 'a signal aborted already opens no connection');
+      assert.equal(mute.accepted(), 1, 'a signal aborted already opens no connection');
     } finally {
-      for (const s of sockets) s.destroy();
-      await new Promise<void>((r) => mute.close(() => r()));
+      await mute.close();
     }
   });
 
