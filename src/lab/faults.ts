@@ -70,8 +70,7 @@ async function curls(lab: Lab, n = 18, target = WEB, path = '/'): Promise<void> 
 async function curlsReaching(lab: Lab, backend: string, min = 2): Promise<void> {
   for (let round = 0; round < 3; round++) {
     await curls(lab);
-    const r = await runIn(lab.nodeNetns, ['conntrack', '-L', '-p', 'tcp', '--orig-dst', WEB.split(':')[0]!, '--reply-src', backend], { allowFail: true });
-    if (r.stdout.split('\n').filter((l) => l.includes(`src=${backend}`)).length >= min) return;
+    if ((await lab.connectionsTo(WEB.split(':')[0]!, backend)) >= min) return;
   }
 }
 

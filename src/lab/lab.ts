@@ -412,6 +412,16 @@ export class Lab {
     await runIn(this.nodeNetns, ['conntrack', '-L'], { allowFail: true });
   }
 
+  /**
+   * How many of the node's conntrack entries are TCP connections to `address`
+   * (a ClusterIP) that the rules sent to `backend`: the picks among a
+   * Service's pods are random, and a test about one pod needs some of them.
+   */
+  async connectionsTo(address: string, backend: string): Promise<number> {
+    const r = await runIn(this.nodeNetns, ['conntrack', '-L', '-p', 'tcp', '--orig-dst', address, '--reply-src', backend], { allowFail: true });
+    return r.stdout.split('\n').filter((l) => l.includes(`src=${backend}`)).length;
+  }
+
   podByIP(ip: string): LabPod | undefined {
     return [...this.pods, ...(this.remotePod ? [this.remotePod] : [])].find((p) => p.ip === ip);
   }
