@@ -55,8 +55,8 @@ const NOBODY = `${LAB_ADDR.podSubnetPrefix}99`;
 
 /**
  * Short connections to a ClusterIP (web's by default), all at once, from the
- * client namespace. 18 to web's three pods: the faulty one gets none with
- * probability (2/3)^18, 0.07%.
+ * client namespace; resolves to each curl's outcome. 18 to web's three
+ * pods: the faulty one gets none with probability (2/3)^18, 0.07%.
  */
 async function curls(lab: Lab, n = 18, target = WEB, path = '/'): Promise<Array<{ ok: boolean }>> {
   return Promise.all(Array.from({ length: n }, () => lab.curl(`http://${target.split(':')[0]}${path}`, 'client', ['--max-time', '2'])));

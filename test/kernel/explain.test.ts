@@ -199,11 +199,12 @@ describe('diagnoses of faults created in the lab (kernel)', () => {
     const linksBefore5 = netfilterLinks().length;
     const w = explain({ target: 'default/web', netns: lab.nodeNetns, watchSeconds: 5 });
     await watching(linksBefore5);
-    // Rounds of nine until one went to pod1 (its curls get no answer): a round
-    // misses it among web's three pods 2.6% of the time (one CI run failed so).
+    // Rounds of nine until one failed (pod1's get no answer; the others' do):
+    // a round misses pod1 among web's three pods 2.6% of the time (one CI
+    // run failed so).
     for (let round = 0; round < 3; round++) {
-      const answered = await Promise.all(Array.from({ length: 9 }, () => lab.curl('http://10.96.0.100/', 'node', ['--max-time', '1'])));
-      if (answered.some((r) => !r.ok)) break;
+      const results = await Promise.all(Array.from({ length: 9 }, () => lab.curl('http://10.96.0.100/', 'node', ['--max-time', '1'])));
+      if (results.some((r) => !r.ok)) break;
     }
     const e = await w;
     // The kernel saw the pod drop its own replies: the diagnosis cites that drop, not three guesses.
