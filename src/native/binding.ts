@@ -3,8 +3,9 @@
  * node-gyp-build: a local build (build/Release/svctrace.node, `npm run
  * build`) when there is one, else the package's prebuilt one
  * (prebuilds/linux-<arch>/, scripts/prebuild.sh). The shapes here mirror what
- * the addon returns; test/native/binding.test.ts checks them against the
- * real thing.
+ * the addon returns: test/native/layout.test.ts checks the record layout
+ * against the addon's own, and the kernel tests call the rest on a real
+ * kernel.
  */
 import path from 'node:path';
 import { SvctraceError } from '../errors';
