@@ -84,6 +84,8 @@ export type ProxyMode = (typeof PROXY_MODES)[number];
 
 export const POD_HTTP_PORT = 8080;
 export const POD_UDP_PORT = 5353;
+/** How long a pod server may take to say it listens before the lab gives up on it. */
+const POD_START_S = 30;
 
 /** A port nothing in the lab listens on: a backend that answers with RST. */
 export const POD_CLOSED_PORT = 9999;
@@ -375,7 +377,10 @@ export class Lab {
     this.servers.set(pod.name, child);
     pod.pid = child.pid;
     return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => reject(new SvctraceError('LAB', `pod server ${pod.name} did not start`)), 10_000);
+      // A guard against a server that hangs, not a deadline: the pods' Node
+      // processes start at once, and an emulated guest's two vCPUs have taken
+      // a few seconds for one.
+      const timer = setTimeout(() => reject(new SvctraceError('LAB', `pod server ${pod.name} did not start within ${POD_START_S} s`)), POD_START_S * 1000);
       child.once('error', (e) => reject(new SvctraceError('LAB', `pod server ${pod.name}: ${e.message}`)));
       child.once('exit', (code) => {
         clearTimeout(timer);

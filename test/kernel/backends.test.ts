@@ -93,9 +93,10 @@ describe('attach backends agree (kernel)', () => {
       for (const b of offered) runs.push({ backend: b, ...(await trace(b)) });
       // Short connections from the client namespace (forwarded: PRE_ROUTING)
       // and from the node itself (LOCAL_OUT), and a keep-alive one.
-      for (let i = 0; i < 6; i++) assert.ok((await lab.curl(`http://${web.clusterIP}/c${i}`)).ok);
-      for (let i = 0; i < 3; i++) await runIn(lab.nodeNetns, ['curl', '-s', '-o', '/dev/null', '--max-time', '5', `http://${web.clusterIP}/n${i}`]);
-      await runIn(lab.nodeNetns, ['curl', '-s', '-o', '/dev/null', '--max-time', '20', `http://${web.clusterIP}/k[1-40]`], { timeoutMs: 30_000 });
+      // Limits scaled: this runs only in emulated guests, two or three pipelines in one process.
+      for (let i = 0; i < 6; i++) assert.ok((await lab.curl(`http://${web.clusterIP}/c${i}`, 'node', [], 5 * TIME_SCALE)).ok);
+      for (let i = 0; i < 3; i++) await runIn(lab.nodeNetns, ['curl', '-s', '-o', '/dev/null', '--max-time', String(5 * TIME_SCALE), `http://${web.clusterIP}/n${i}`], { timeoutMs: 15_000 * TIME_SCALE });
+      await runIn(lab.nodeNetns, ['curl', '-s', '-o', '/dev/null', '--max-time', String(20 * TIME_SCALE), `http://${web.clusterIP}/k[1-40]`], { timeoutMs: 30_000 * TIME_SCALE });
       await sleep(2500); // TIME_WAIT is 2 s in the lab
       const tcpFlows = (log: FlowLog) => [...log.flows.values()].filter((x) => x.orig.proto === 6);
       const ended = (log: FlowLog) => tcpFlows(log).length >= 10 && tcpFlows(log).every((x) => x.countersFinal);

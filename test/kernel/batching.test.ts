@@ -8,6 +8,7 @@ import os from 'node:os';
 import { kernelTest, sleep, IS_ROOT, testBackend } from '../helpers/kernel';
 import { Lab } from '../../src/lab/lab';
 import { runIn } from '../../src/lab/exec';
+import { TIME_SCALE } from '../helpers/flows';
 import { Tracer } from '../../src/tracer/tracer';
 import { parseServiceSpec } from '../../src/net/ipv4';
 import { loadBinding, type NativeStats } from '../../src/native/binding';
@@ -51,14 +52,14 @@ describe('batch delivery (kernel)', () => {
       for (let i = 0; i < 50; i++) { left--; one(); }
       const t = setInterval(() => { if (left <= 0 && open === 0) { clearInterval(t); } }, 10);
     `;
-    await runIn(lab.nodeNetns, [process.execPath, '-e', sender], { timeoutMs: 60_000 });
+    await runIn(lab.nodeNetns, [process.execPath, '-e', sender], { timeoutMs: 60_000 * TIME_SCALE });
     // Quiet (nothing more read for a second: on an emulated CPU the last
     // packets and replies take longer than any fixed wait), and everything
     // read has reached the callback.
     let st = tracer.stats();
-    for (const end = Date.now() + 60_000; ; ) {
+    for (const end = Date.now() + 60_000 * TIME_SCALE; ; ) {
       await sleep(1000);
-      assert.ok(await tracer.drain(30_000), 'the ring did not drain within 30 s');
+      assert.ok(await tracer.drain(30_000 * TIME_SCALE), `the ring did not drain within ${30 * TIME_SCALE} s`);
       const now = tracer.stats();
       const quiet = now.recordsRead === st.recordsRead;
       st = now;

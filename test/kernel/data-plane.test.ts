@@ -122,7 +122,7 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
   /** N requests over one keep-alive connection (curl reuses it for a URL range); its local port. */
   async function keepAlive(n: number): Promise<number> {
     const url = `http://${lab.service('web').clusterIP}/r[1-${n}]`;
-    const r = await runIn(lab.nodeNetns, ['curl', '-s', '--max-time', '60', '-w', 'port=%{local_port}\\n', url], { timeoutMs: 90_000 });
+    const r = await runIn(lab.nodeNetns, ['curl', '-s', '--max-time', String(60 * TIME_SCALE), '-w', 'port=%{local_port}\\n', url], { timeoutMs: 90_000 * TIME_SCALE });
     const ports = new Set([...r.stdout.matchAll(/port=(\d+)/g)].map((m) => m[1]));
     assert.equal(ports.size, 1, `one connection for ${n} requests (local ports: ${[...ports].join(',')})`);
     return Number([...ports][0]);
@@ -471,9 +471,13 @@ describe('data plane: counted in the kernel, transitions on the ring (kernel)', 
     const all = await trace({ allPackets: true });
     try {
       const port = await keepAlive(100);
-      await sleep(300);
-      const f = all.log.flowByClientPort(port)!;
-      const nf = all.log.eventsOf(f).filter((e) => e.kind === pb.EventKind.EVENT_KIND_NETFILTER).length;
+      const nfOf = () => {
+        const f = all.log.flowByClientPort(port);
+        return f ? all.log.eventsOf(f).filter((e) => e.kind === pb.EventKind.EVENT_KIND_NETFILTER).length : 0;
+      };
+      // The connection's last events may still be on their way to JS.
+      await waitFor(() => nfOf() >= 4 * 200, 5000);
+      const nf = nfOf();
       assert.ok(nf >= 4 * 200, `--all-packets: every packet at every hook (${nf} netfilter events for >= 200 packets)`);
     } finally {
       await all.p.stop();

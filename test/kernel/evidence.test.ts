@@ -74,7 +74,7 @@ describe('evidence: record, verify, replay, export (kernel)', () => {
       assert.ok(r.ok, r.stderr);
       ports.push(Number(/client=[\d.]+:(\d+)/.exec(r.body)![1]));
     }
-    assert.equal(await new Promise((r) => rec.once('exit', r)), 0, err);
+    assert.equal(await ended(rec), 0, err); // 'close': its stderr read to the end
 
     const v = spawnSync(process.execPath, [CLI, 'verify', file, '--pubkey', pubFile], { encoding: 'utf8' });
     assert.equal(v.status, 0, v.stdout + v.stderr);

@@ -149,9 +149,15 @@ describe('kube-proxy IPVS mode (kernel)', () => {
     try {
       const served = L.served.length;
       const linksBefore = netfilterLinks().length;
-      const watch = explain({ target: vip, netns: L.nodeNetns, watchSeconds: 4 * TIME_SCALE });
+      // The watch ends once the curls are done and their flows were seen
+      // (a window of fixed length held ten curls of about 1.2 s each in an
+      // emulated guest with half the margin of every other wait).
+      const curlsOver = new AbortController();
+      const watch = explain({ target: vip, netns: L.nodeNetns, watchSeconds: 60 * TIME_SCALE, watchUntil: curlsOver.signal });
       assert.ok(await waitFor(() => netfilterLinks().length >= linksBefore + 8, 15_000), 'explain --watch attached');
-      for (let i = 0; i < 10; i++) assert.ok((await L.curl(`http://${vip}/w${i}`, 'client')).ok);
+      for (let i = 0; i < 10; i++) assert.ok((await L.curl(`http://${vip}/w${i}`, 'client', [], 5 * TIME_SCALE)).ok);
+      await sleep(2000 * TIME_SCALE);
+      curlsOver.abort();
       const e = (await watch)[0]!;
       assert.equal(e.mode, 'ipvs');
       assert.equal(e.service?.source, 'ipvs');

@@ -23,6 +23,7 @@ import { svctrace } from '../../src/gen/svctrace';
 import { connect } from '../../src/client/node';
 import { makeEvent, RawClient, selfSignedCert, syntheticSource } from '../helpers/stream';
 import { waitFor } from '../helpers/flows';
+import { ended } from '../helpers/child';
 
 import pb = svctrace.v1;
 
@@ -321,7 +322,7 @@ describe('stream server', () => {
     let err = '';
     w.stderr!.on('data', (d) => (err += d));
     w.stdout!.resume();
-    const exited = new Promise<number | null>((r) => w.on('exit', (code) => r(code)));
+    const exited = ended(w); // 'close': its stderr read to the end, before it is matched
     try {
       assert.ok(await waitFor(() => err.includes('connected to'), 10_000), `watch connected: ${err}`);
       const closedAt = Date.now();
