@@ -176,8 +176,11 @@ async function watch(exps: Explanation[], netns: string, d: Discovery, seconds: 
   await waitForStop(seconds, until);
   // What the traffic showed is over the time watched (Ctrl-C or `until` may end it early).
   const watched = Math.max(1, Math.round((Date.now() - startedAt) / 1000));
-  const flows = [...ended, ...pipeline.flows.flows()];
+  // Taken after the stop: its drain delivers what the window's last packets
+  // left in the ring and the listeners (the table outlives the stop, and a
+  // flow it expires meanwhile is in `ended`, not in both).
   await pipeline.stop();
+  const flows = [...ended, ...pipeline.flows.flows()];
   for (const e of exps) {
     const s = e.service;
     if (!s) continue;

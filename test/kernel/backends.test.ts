@@ -91,9 +91,9 @@ describe('attach backends agree (kernel)', () => {
     const runs: Array<{ backend: Backend; p: Pipeline; log: FlowLog }> = [];
     try {
       for (const b of offered) runs.push({ backend: b, ...(await trace(b)) });
-      // Short connections from the client namespace (forwarded: PRE_ROUTING)
-      // and from the node itself (LOCAL_OUT), and a keep-alive one.
-      // Limits scaled: this runs only in emulated guests, two or three pipelines in one process.
+      // Short connections from the node itself (LOCAL_OUT), and a keep-alive
+      // one. Limits scaled: this runs where a kernel offers two backends or
+      // more (the emulated guests), two or three pipelines in one process.
       for (let i = 0; i < 6; i++) assert.ok((await lab.curl(`http://${web.clusterIP}/c${i}`, 'node', [], 5 * TIME_SCALE)).ok);
       for (let i = 0; i < 3; i++) await runIn(lab.nodeNetns, ['curl', '-s', '-o', '/dev/null', '--max-time', String(5 * TIME_SCALE), `http://${web.clusterIP}/n${i}`], { timeoutMs: 15_000 * TIME_SCALE });
       await runIn(lab.nodeNetns, ['curl', '-s', '-o', '/dev/null', '--max-time', String(20 * TIME_SCALE), `http://${web.clusterIP}/k[1-40]`], { timeoutMs: 30_000 * TIME_SCALE });

@@ -64,7 +64,7 @@ describe('batch delivery (kernel)', () => {
       const quiet = now.recordsRead === st.recordsRead;
       st = now;
       if (quiet) break;
-      assert.ok(Date.now() < end, 'records kept coming for a minute after the burst');
+      assert.ok(Date.now() < end, `records kept coming for ${60 * TIME_SCALE} s after the burst`);
     }
     assert.ok(events >= 3000, `expected >= 3000 events, got ${events}`);
     assert.equal(st.recordsRead, events);

@@ -64,6 +64,7 @@ describe('evidence: record, verify, replay, export (kernel)', () => {
     fs.writeFileSync(keyFile, keys.privateKey.export({ type: 'pkcs8', format: 'pem' }), { mode: 0o600 });
     fs.writeFileSync(pubFile, keys.publicKey.export({ type: 'spki', format: 'pem' }));
     const rec = spawn(process.execPath, [CLI, 'record', '--netns', lab.nodeNetns, '-s', `${web.clusterIP}:80`, '-o', file, '--duration', '4', '--sign-key', keyFile], { stdio: ['ignore', 'ignore', 'pipe'] });
+    const recEnded = ended(rec); // at 'close': its stderr read to the end
     let err = '';
     rec.stderr!.on('data', (d) => (err += d));
     assert.ok(await waitFor(() => err.includes('Ctrl-C to stop'), 10_000), err);
@@ -74,7 +75,7 @@ describe('evidence: record, verify, replay, export (kernel)', () => {
       assert.ok(r.ok, r.stderr);
       ports.push(Number(/client=[\d.]+:(\d+)/.exec(r.body)![1]));
     }
-    assert.equal(await ended(rec), 0, err); // 'close': its stderr read to the end
+    assert.equal(await recEnded, 0, err);
 
     const v = spawnSync(process.execPath, [CLI, 'verify', file, '--pubkey', pubFile], { encoding: 'utf8' });
     assert.equal(v.status, 0, v.stdout + v.stderr);

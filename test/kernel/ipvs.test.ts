@@ -146,14 +146,15 @@ describe('kube-proxy IPVS mode (kernel)', () => {
     const [pod0, pod1] = L.pods as [(typeof L.pods)[0], (typeof L.pods)[0]];
     // A terminating endpoint, as kube-proxy keeps it: weight 0, no new connections.
     await runIn(L.nodeNetns, ['ipvsadm', '-e', '-t', vip, '-r', `${pod0.ip}:8080`, '-m', '-w', '0']);
+    // The watch ends 2 s (scaled) after the curls, what they left come in:
+    // a fixed 4 s window held ten curls of about 1.2 s each in an emulated
+    // guest, at half the margin of every other wait.
+    const curlsOver = new AbortController();
+    let watch: ReturnType<typeof explain> | undefined;
     try {
       const served = L.served.length;
       const linksBefore = netfilterLinks().length;
-      // The watch ends once the curls are done and their flows were seen
-      // (a window of fixed length held ten curls of about 1.2 s each in an
-      // emulated guest with half the margin of every other wait).
-      const curlsOver = new AbortController();
-      const watch = explain({ target: vip, netns: L.nodeNetns, watchSeconds: 60 * TIME_SCALE, watchUntil: curlsOver.signal });
+      watch = explain({ target: vip, netns: L.nodeNetns, watchSeconds: 60 * TIME_SCALE, watchUntil: curlsOver.signal });
       assert.ok(await waitFor(() => netfilterLinks().length >= linksBefore + 8, 15_000), 'explain --watch attached');
       for (let i = 0; i < 10; i++) assert.ok((await L.curl(`http://${vip}/w${i}`, 'client', [], 5 * TIME_SCALE)).ok);
       await sleep(2000 * TIME_SCALE);
@@ -175,6 +176,9 @@ describe('kube-proxy IPVS mode (kernel)', () => {
       assert.ok(!codes.includes('SKEWED_DISTRIBUTION'), `no skew: the rules say pod1 takes all (${codes})`);
       assert.deepEqual(e.diagnoses.filter((d) => d.severity === 'error'), [], 'no error');
     } finally {
+      // A failed curl leaves the watch running: it ends here, not at its window.
+      curlsOver.abort();
+      await watch?.catch(() => undefined);
       await runIn(L.nodeNetns, ['ipvsadm', '-e', '-t', vip, '-r', `${pod0.ip}:8080`, '-m', '-w', '1']);
     }
 

@@ -44,13 +44,18 @@ describe('svctrace trace CLI (kernel)', () => {
     // --duration: a 4 s one held the trace's start and the curl with a third
     // of the margin of the other waits in an emulated guest.
     const t = startTrace(['--netns', lab.nodeNetns, '--service', `${web.clusterIP}:80`, '-o', 'json']);
-    assert.ok(await waitFor(() => t.err().includes('Ctrl-C to stop'), 10_000), `trace did not start: ${t.err()}`);
-    const r = await lab.curl(`http://${web.clusterIP}/`);
-    assert.ok(r.ok, r.stderr);
-    assert.ok(await waitFor(() => t.out().includes('STAGE_REPLY'), 10_000), `no reply printed: ${t.err()}`);
-    await sleep(300);
-    t.child.kill('SIGINT');
-    const code = await t.exited;
+    let code: number | null;
+    try {
+      assert.ok(await waitFor(() => t.err().includes('Ctrl-C to stop'), 10_000), `trace did not start: ${t.err()}`);
+      const r = await lab.curl(`http://${web.clusterIP}/`);
+      assert.ok(r.ok, r.stderr);
+      assert.ok(await waitFor(() => t.out().includes('STAGE_REPLY'), 10_000), `no reply printed: ${t.err()}`);
+      await sleep(300);
+      t.child.kill('SIGINT');
+      code = await t.exited;
+    } finally {
+      if (t.child.exitCode === null && t.child.signalCode === null) t.child.kill('SIGKILL');
+    }
     assert.equal(code, 0, t.err());
 
     const Event = (await protobuf.load(PROTO)).lookupType('svctrace.v1.Event');
@@ -127,7 +132,8 @@ describe('svctrace trace CLI (kernel)', () => {
     execFileSync('ip', ['netns', 'add', ns]);
     let deleted = false;
     try {
-      const t = startTrace(['--netns', ns, '--service', '10.96.0.100:80', '--duration', '60']);
+      // Its --duration outlasts the wait for exit 8 below.
+      const t = startTrace(['--netns', ns, '--service', '10.96.0.100:80', '--duration', String(60 * TIME_SCALE)]);
       assert.ok(await waitFor(() => t.err().includes('Ctrl-C to stop'), 10_000), t.err());
       execFileSync('ip', ['netns', 'del', ns]);
       deleted = true;
